@@ -1,0 +1,32 @@
+# The two commands of the README: `make demo` and `make test`. Both set up .venv first.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+# constraints/cpu.txt pins the CPU torch 2.13.0 for this install path; the package itself
+# admits newer torch.
+PIP_INSTALL := $(PY) -m pip install --disable-pip-version-check -q -c constraints/cpu.txt
+
+.PHONY: setup demo test test-fast lint clean
+
+$(VENV)/.installed: pyproject.toml constraints/cpu.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PIP_INSTALL) -e ".[dev]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+demo: setup
+	$(VENV)/bin/tianji demo
+
+test: setup
+	$(PY) -m pytest -q
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow"
+
+lint: setup
+	$(VENV)/bin/ruff check tianji transports algorithms tests examples
+	$(VENV)/bin/mypy
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

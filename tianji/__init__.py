@@ -1,0 +1,14 @@
+"""tianji: a runtime for distributed reinforcement learning.
+
+Start with :mod:`tianji.core` (the vocabulary), then :mod:`tianji.events` and
+:mod:`tianji.service`.
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("tianji")
+except PackageNotFoundError:  # running from a source tree without an install
+    __version__ = "0.0.0+source"
+
+__all__ = ["__version__"]

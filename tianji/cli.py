@@ -1,0 +1,81 @@
+"""The ``tianji`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from tianji import __version__
+from tianji.errors import TianjiError
+
+__all__ = ["main"]
+
+
+def _cmd_version(args: argparse.Namespace) -> int:
+    print(f"tianji {__version__}")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from tianji.demo import demo_specs
+    from tianji.launch.local import print_progress, run_local
+
+    specs = demo_specs(args.events, args.size)
+    print(
+        f"tianji demo: producer -> relay -> consumer as 3 processes over TCP, "
+        f"{args.events} events of {args.size} float32 each"
+    )
+    result = run_local(
+        specs,
+        until=lambda c: "consumer-0" in c.reports,
+        timeout=args.timeout,
+        progress=print_progress(),
+        progress_interval=1.0,
+    )
+    report = result.reports.get("consumer-0")
+    if report is None:
+        print(f"run ended ({result.reason}) before the consumer reported", file=sys.stderr)
+        return 1
+    print(
+        f"done in {result.elapsed:.1f}s: consumer {report.status}, {report.summary}; "
+        f"exit codes {result.exit_codes}"
+    )
+    return 0 if report.status == "ok" else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tianji", description="tianji: a runtime for distributed reinforcement learning"
+    )
+    parser.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("version", help="print the version")
+    p.set_defaults(func=_cmd_version)
+
+    p = sub.add_parser("demo", help="run the multi-process pub/sub demo with progress")
+    p.add_argument("--events", type=int, default=20_000, help="events to send (default 20000)")
+    p.add_argument("--size", type=int, default=4096, help="float32 values per event")
+    p.add_argument("--timeout", type=float, default=300.0, help="give up after SECONDS")
+    p.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``tianji`` console script."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        code: int = args.func(args)
+    except TianjiError as exc:
+        print(f"tianji: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("tianji: interrupted; all services stopped", file=sys.stderr)
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,256 @@
+"""Sans-I/O codec: ``encode(event) -> frames`` and ``decode(frames) -> event``.
+
+Wire layout of one message (a list of frames)::
+
+    frame 0        msgpack header: [WIRE_VERSION, "EventType", {field: value, ...}]
+    frame 1..n     raw buffers of the numpy arrays referenced from the header
+
+An array inside the header is a msgpack extension (code 1) holding
+``[dtype_str, shape, frame_index]``. Encoding never copies a C-contiguous array (its
+memoryview becomes the frame); decoding wraps frames with ``np.frombuffer``, which copies
+nothing. Nothing on the wire is pickled: only numeric dtypes travel, and every field is
+checked against the event's annotations, so malformed input raises :class:`BadFrame`.
+
+The codec does no I/O and keeps no per-connection state; it is tested without sockets::
+
+    >>> from tianji.events import Shutdown
+    >>> decode(encode(Shutdown(reason="done")))
+    Shutdown(reason='done')
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from collections.abc import Sequence
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from tianji.errors import BadFrame
+from tianji.events import Event, EventInfo, event_types
+
+__all__ = ["DEFAULT_MAX_FRAME_BYTES", "Codec", "decode", "encode", "message_nbytes"]
+
+WIRE_VERSION = 1
+ARRAY_EXT = 1
+DEFAULT_MAX_FRAME_BYTES = 1 << 30
+_ALLOWED_KINDS = frozenset("biufc")
+Buffer = bytes | bytearray | memoryview
+
+
+def message_nbytes(frames: Sequence[Buffer]) -> int:
+    """Total payload bytes of a message (sum of frame lengths)."""
+    return sum(memoryview(f).nbytes for f in frames)
+
+
+class Codec:
+    """Encoder/decoder with limits. Not thread-safe: use one per thread.
+
+    Args:
+        max_frame_bytes: frames longer than this are refused on decode (and on encode, so a
+            sender learns early that its peer would refuse the message).
+        max_frames: messages with more frames than this are refused.
+    """
+
+    def __init__(
+        self, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, max_frames: int = 4096
+    ) -> None:
+        self.max_frame_bytes = max_frame_bytes
+        self.max_frames = max_frames
+        self._buffers: list[memoryview] = []
+        self._packer = msgpack.Packer(default=self._default, use_bin_type=True, autoreset=True)
+        self._ext_packer = msgpack.Packer(use_bin_type=True, autoreset=True)
+
+    # ----------------------------------------------------------------------------- encode
+    def encode(self, ev: Event) -> list[Buffer]:
+        """Encode ``ev`` into frames (header first, then one frame per array).
+
+        Raises:
+            TypeError: if ``ev`` is not a registered event or holds an unencodable value.
+            BadFrame: if a frame would exceed ``max_frame_bytes``.
+        """
+        info = event_types().get(getattr(ev, "TYPE", ""))
+        if info is None or not isinstance(ev, info.cls):
+            raise TypeError(f"cannot encode {ev!r}: not an event declared with @event")
+        body = {name: getattr(ev, name) for name in info.fields}
+        self._buffers = []
+        try:
+            header = self._packer.pack([WIRE_VERSION, info.name, body])
+        finally:
+            buffers, self._buffers = self._buffers, []
+        frames: list[Buffer] = [header, *buffers]
+        if len(frames) > self.max_frames:
+            raise BadFrame("too_many_frames", f"{len(frames)} frames > max {self.max_frames}")
+        for i, frame in enumerate(frames):
+            n = memoryview(frame).nbytes
+            if n > self.max_frame_bytes:
+                raise BadFrame(
+                    "frame_too_large", f"frame {i} is {n} bytes > max {self.max_frame_bytes}"
+                )
+        return frames
+
+    def _default(self, obj: object) -> object:
+        if isinstance(obj, np.ndarray):
+            if obj.dtype.kind not in _ALLOWED_KINDS or obj.dtype.fields is not None:
+                raise TypeError(f"cannot encode array of dtype {obj.dtype} (numeric dtypes only)")
+            # (np.ascontiguousarray would turn a 0-d array into a 1-d one)
+            arr = obj if obj.flags.c_contiguous else np.ascontiguousarray(obj).reshape(obj.shape)
+            index = len(self._buffers) + 1
+            # A uint8 view of the contiguous data: no copy, works for every numeric dtype.
+            self._buffers.append(memoryview(arr.reshape(-1).view(np.uint8)))
+            ext = self._ext_packer.pack([arr.dtype.str, list(arr.shape), index])
+            return msgpack.ExtType(ARRAY_EXT, ext)
+        if isinstance(obj, np.generic):
+            return obj.item()
+        if isinstance(obj, (tuple, frozenset, set)):
+            return list(obj)
+        raise TypeError(f"cannot encode value of type {type(obj).__name__}: {obj!r:.80}")
+
+    # ----------------------------------------------------------------------------- decode
+    def decode(self, frames: Sequence[Buffer]) -> Event:
+        """Decode frames produced by :meth:`encode` back into an event.
+
+        Raises:
+            BadFrame: on any malformed input; ``reason`` names the problem.
+        """
+        if not frames:
+            raise BadFrame("empty_message", "a message needs at least a header frame")
+        if len(frames) > self.max_frames:
+            raise BadFrame("too_many_frames", f"{len(frames)} frames > max {self.max_frames}")
+        views = [memoryview(f) for f in frames]
+        for i, v in enumerate(views):
+            if v.nbytes > self.max_frame_bytes:
+                raise BadFrame(
+                    "frame_too_large", f"frame {i} is {v.nbytes} bytes > max {self.max_frame_bytes}"
+                )
+        used: set[int] = set()
+
+        def ext_hook(code: int, data: bytes) -> object:
+            if code != ARRAY_EXT:
+                raise BadFrame("unknown_extension", f"msgpack extension code {code}")
+            return _decode_array(data, views, used)
+
+        try:
+            header = msgpack.unpackb(
+                views[0], ext_hook=ext_hook, raw=False, use_list=False, strict_map_key=True
+            )
+        except BadFrame:
+            raise
+        except (msgpack.ExtraData, msgpack.OutOfData, ValueError, TypeError) as exc:
+            raise BadFrame("malformed_header", f"{type(exc).__name__}: {exc}") from None
+        except Exception as exc:  # msgpack raises assorted errors on garbage; name them all
+            raise BadFrame("malformed_header", f"{type(exc).__name__}: {exc}") from None
+        if not (isinstance(header, tuple) and len(header) == 3):
+            raise BadFrame("malformed_header", f"expected [version, type, body], got {header!r:.80}")
+        version, type_name, body = header
+        if version != WIRE_VERSION:
+            raise BadFrame("wire_version", f"version {version!r}, this peer speaks {WIRE_VERSION}")
+        info = event_types().get(type_name) if isinstance(type_name, str) else None
+        if info is None:
+            raise BadFrame("unknown_event_type", f"event type {type_name!r:.80} is not registered")
+        if len(used) != len(views) - 1:
+            raise BadFrame(
+                "unreferenced_frames", f"{len(views) - 1} buffer frames, {len(used)} referenced"
+            )
+        return _build(info, body)
+
+
+def _decode_array(data: bytes, views: list[memoryview], used: set[int]) -> np.ndarray:
+    try:
+        spec = msgpack.unpackb(data, raw=False, use_list=False)
+        dtype_str, shape, index = spec
+    except Exception as exc:
+        raise BadFrame("malformed_array", f"array descriptor: {type(exc).__name__}: {exc}") from None
+    try:
+        dtype = np.dtype(dtype_str) if isinstance(dtype_str, str) else None
+    except TypeError:
+        dtype = None
+    if dtype is None or dtype.kind not in _ALLOWED_KINDS or dtype.fields is not None:
+        raise BadFrame("bad_dtype", f"dtype {dtype_str!r:.40} is not a numeric dtype")
+    if not (isinstance(shape, tuple) and all(type(d) is int and d >= 0 for d in shape)):
+        raise BadFrame("bad_shape", f"shape {shape!r:.80} is not a tuple of non-negative ints")
+    if type(index) is not int or not 1 <= index < len(views) or index in used:
+        raise BadFrame("bad_frame_index", f"array frame index {index!r} (frames: {len(views)})")
+    used.add(index)
+    frame = views[index]
+    count = 1
+    for d in shape:
+        count *= d
+    if count * dtype.itemsize != frame.nbytes:
+        raise BadFrame(
+            "size_mismatch",
+            f"shape {shape} of {dtype.str} needs {count * dtype.itemsize} bytes, "
+            f"frame {index} has {frame.nbytes}",
+        )
+    return np.frombuffer(frame, dtype=dtype).reshape(shape)
+
+
+def _build(info: EventInfo, body: object) -> Event:
+    if not isinstance(body, dict):
+        raise BadFrame("malformed_body", f"{info.name} body is {type(body).__name__}, not a map")
+    if body.keys() != set(info.fields):
+        missing = sorted(set(info.fields) - body.keys())
+        extra = sorted(str(k) for k in body.keys() - set(info.fields))
+        raise BadFrame("bad_fields", f"{info.name}: missing {missing}, unexpected {extra}")
+    for name in info.fields:
+        if not _conforms(body[name], info.hints[name]):
+            raise BadFrame(
+                "bad_field_type",
+                f"{info.name}.{name}={body[name]!r:.80} does not match {info.hints[name]}",
+            )
+    return info.cls(**body)
+
+
+_PRIMITIVES = (type(None), bool, int, float, str, bytes, np.ndarray)
+
+
+def _conforms(value: object, hint: Any) -> bool:
+    """Check a decoded value against a field annotation (the subset events may use)."""
+    if hint is Any or hint is object:
+        return _is_plain(value)
+    origin = typing.get_origin(hint)
+    if origin is None:
+        if hint is float:
+            return type(value) in (float, int)
+        if hint is int:
+            return type(value) is int
+        return isinstance(value, hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_conforms(value, a) for a in args)
+    if origin is tuple:
+        if not isinstance(value, tuple):
+            return False
+        if len(args) == 2 and args[1] is Ellipsis:
+            return all(_conforms(v, args[0]) for v in value)
+        return len(args) == len(value) and all(_conforms(v, a) for v, a in zip(value, args))
+    if origin is dict:
+        return isinstance(value, dict) and all(
+            _conforms(k, args[0]) and _conforms(v, args[1]) for k, v in value.items()
+        )
+    return False
+
+
+def _is_plain(value: object) -> bool:
+    if isinstance(value, _PRIMITIVES):
+        return True
+    if isinstance(value, tuple):
+        return all(_is_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _is_plain(v) for k, v in value.items())
+    return False
+
+
+_default_codec = Codec()
+
+
+def encode(ev: Event) -> list[Buffer]:
+    """Encode with the module's default :class:`Codec` (see :meth:`Codec.encode`)."""
+    return _default_codec.encode(ev)
+
+
+def decode(frames: Sequence[Buffer]) -> Event:
+    """Decode with the module's default :class:`Codec` (see :meth:`Codec.decode`)."""
+    return _default_codec.decode(frames)

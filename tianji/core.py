@@ -1,0 +1,242 @@
+"""The tianji vocabulary: read this file first.
+
+Everything in tianji is one of a few things declared here:
+
+* a :class:`Transport` moves *messages* (lists of byte frames) between two endpoints.
+  It knows nothing of events or RL; the codec turns events into frames.
+* a :class:`Service` is an asyncio object with a lifecycle that publishes and subscribes to
+  typed events (see :mod:`tianji.events`) over transports.
+* an :class:`Algorithm` is the RL math: batched ``act`` and ``update``; no I/O.
+* a :class:`Buffer` stores samples and hands out batches; no I/O.
+
+The concrete runtime lives in :mod:`tianji.service`, transports in :mod:`tianji.transports`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+__all__ = [
+    "Algorithm",
+    "Buffer",
+    "Connection",
+    "ConnectionStatistics",
+    "Frames",
+    "Limits",
+    "Listener",
+    "Service",
+    "ServiceState",
+    "Transport",
+]
+
+Frames = Sequence[bytes | bytearray | memoryview]
+"""One message on the wire: a header frame followed by zero or more payload frames."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Limits:
+    """Bounds every connection enforces (see ``[transport]`` in the run config).
+
+    Attributes:
+        max_frame_bytes: a frame longer than this is refused before it is allocated.
+        max_frames: a message with more frames than this is refused.
+        queue_messages: messages a connection buffers per direction before the sender waits.
+        queue_bytes: bytes a connection buffers per direction before the sender waits. A
+            single message larger than this is still admitted into an empty queue.
+    """
+
+    max_frame_bytes: int = 1 << 30
+    max_frames: int = 4096
+    queue_messages: int = 1024
+    queue_bytes: int = 64 << 20
+
+    def __post_init__(self) -> None:
+        from tianji.errors import ConfigError
+
+        for name in ("max_frame_bytes", "max_frames", "queue_messages", "queue_bytes"):
+            value = getattr(self, name)
+            if type(value) is not int or value <= 0:
+                raise ConfigError(f"transport.{name}", value, "a positive integer")
+
+
+@dataclasses.dataclass(slots=True)
+class ConnectionStatistics:
+    """Counters and queue depths of one connection (a snapshot; see ``statistics()``)."""
+
+    messages_sent: int = 0
+    bytes_sent: int = 0
+    messages_received: int = 0
+    bytes_received: int = 0
+    send_queue_messages: int = 0
+    send_queue_bytes: int = 0
+    recv_queue_messages: int = 0
+    recv_queue_bytes: int = 0
+
+
+@runtime_checkable
+class Connection(Protocol):
+    """A bidirectional, ordered, message-oriented link to one peer.
+
+    Usage::
+
+        async with await transport.connect("tcp://127.0.0.1:5555") as conn:
+            await conn.send([header, payload])     # waits while the peer is slow
+            frames = await conn.recv()             # raises EndOfStream / BrokenByPeer
+
+    ``send`` applies backpressure: it returns once the message is queued within the
+    connection's :class:`Limits`; ``send_nowait`` raises ``WouldBlock`` instead of waiting.
+    The caller must not mutate buffers passed to ``send`` until ``drain()`` returns.
+    ``recv`` returns frames owned by the caller. ``aclose`` is idempotent, flushes what
+    was queued (bounded by a timeout) and tells the peer goodbye, so the peer's ``recv``
+    raises ``EndOfStream``; a peer that vanishes without goodbye raises ``BrokenByPeer``.
+    """
+
+    @property
+    def peer(self) -> str: ...
+
+    async def send(self, frames: Frames) -> None: ...
+
+    def send_nowait(self, frames: Frames) -> None: ...
+
+    async def drain(self) -> None: ...
+
+    async def recv(self) -> list[memoryview]: ...
+
+    async def aclose(self) -> None: ...
+
+    def abort(self) -> None: ...
+
+    def statistics(self) -> ConnectionStatistics: ...
+
+    async def __aenter__(self) -> Connection: ...
+
+    async def __aexit__(self, *exc: object) -> None: ...
+
+
+@runtime_checkable
+class Listener(Protocol):
+    """Accepts connections on one address.
+
+    Usage::
+
+        listener = await transport.listen("tcp://127.0.0.1:0")
+        print(listener.address)                    # "tcp://127.0.0.1:41234": port resolved
+        conn = await listener.accept()
+        await listener.aclose()                    # idempotent; accepted connections live on
+    """
+
+    @property
+    def address(self) -> str: ...
+
+    async def accept(self) -> Connection: ...
+
+    async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class Transport(Protocol):
+    """A way to move messages: ``inproc``, ``tcp``, ``shm`` or a third-party one.
+
+    A transport is looked up by the scheme of an address (``tcp://host:port``) in
+    :mod:`tianji.transports`; third parties register under the entry-point group
+    ``tianji.transports``. Every transport passes ``tests/test_transport_conformance.py``.
+
+    Usage::
+
+        transport = tianji.transports.get("tcp")
+        listener = await transport.listen("tcp://127.0.0.1:0", limits=Limits())
+        conn = await transport.connect(listener.address, limits=Limits())
+    """
+
+    scheme: str
+
+    async def listen(self, address: str, *, limits: Limits) -> Listener: ...
+
+    async def connect(self, address: str, *, limits: Limits) -> Connection: ...
+
+
+class ServiceState(enum.Enum):
+    """Lifecycle of a service: each state is entered once, in this order."""
+
+    CREATED = "created"
+    STARTING = "starting"
+    READY = "ready"
+    RUNNING = "running"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+
+
+@runtime_checkable
+class Service(Protocol):
+    """An asyncio component that talks only through typed events.
+
+    Usage::
+
+        svc = MyService(name="actor-0", controller="tcp://127.0.0.1:7000")
+        task = asyncio.create_task(svc.run())
+        await svc.wait_ready()        # listening, registered, subscriptions wired
+        ...
+        svc.stop("done")               # graceful drain; cancel ``task`` to force
+        await task
+    """
+
+    name: str
+    role: str
+
+    @property
+    def state(self) -> ServiceState: ...
+
+    async def run(self) -> None: ...
+
+    async def wait_ready(self) -> None: ...
+
+    def stop(self, reason: str) -> None: ...
+
+
+@runtime_checkable
+class Algorithm(Protocol):
+    """RL math in one object: no asyncio, transports or processes inside.
+
+    Usage (what the actor and learner services do)::
+
+        algo = registry.get("dqn")(config, observation_space, action_space)
+        out = algo.act(obs_batch, explore=True)      # {"action": ..., maybe "logp", "value"}
+        metrics = algo.update(sample_batch)          # {"loss": ..., ...}
+        weights = algo.get_weights()                 # published as ParamsPublished
+        other.set_weights(weights)                   # actors load the learner's weights
+    """
+
+    name: str
+
+    def act(self, obs: np.ndarray, *, explore: bool) -> dict[str, np.ndarray]: ...
+
+    def update(self, batch: Mapping[str, np.ndarray]) -> dict[str, float]: ...
+
+    def get_weights(self) -> dict[str, np.ndarray]: ...
+
+    def set_weights(self, weights: Mapping[str, np.ndarray]) -> None: ...
+
+
+@runtime_checkable
+class Buffer(Protocol):
+    """Sample storage with a sampling strategy (replay, prioritized replay, FIFO rollouts).
+
+    Usage::
+
+        buf.add({"obs": o, "action": a, ...}, policy_version=7)
+        batch = buf.sample(256)          # None while too little data is stored
+        stats = buf.statistics()         # {"size": ..., "inserted": ..., "evicted": ...}
+    """
+
+    def add(self, arrays: Mapping[str, np.ndarray], *, policy_version: int) -> int: ...
+
+    def sample(self, batch_size: int) -> dict[str, np.ndarray] | None: ...
+
+    def __len__(self) -> int: ...
+
+    def statistics(self) -> dict[str, Any]: ...

@@ -1,0 +1,96 @@
+"""How a service is described for launching: a JSON-safe :class:`ServiceSpec`."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+from tianji.errors import ConfigError
+from tianji.service import Service
+
+__all__ = ["ServiceSpec", "build_service", "load_factory"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ServiceSpec:
+    """One service of a launch graph.
+
+    Attributes:
+        name: unique service name in the run.
+        factory: ``"package.module:Class"`` or ``"path/to/file.py:Class"``; called as
+            ``factory(name, bind=..., controller=..., **options)``.
+        options: JSON-serializable keyword arguments for the factory.
+        bind: listen address of the service (port 0 picks a free port).
+        controller: the controller address (the launcher fills it in).
+    """
+
+    name: str
+    factory: str
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    bind: str = "tcp://127.0.0.1:0"
+    controller: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.name or "/" in self.name:
+            raise ConfigError("service.name", self.name, "a non-empty name without '/'")
+        if ":" not in self.factory:
+            raise ConfigError(f"{self.name}.factory", self.factory, "'module:attribute'")
+        try:
+            json.dumps(self.options)
+        except TypeError as exc:
+            raise ConfigError(f"{self.name}.options", self.options, f"JSON values ({exc})") from None
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ServiceSpec:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - fields
+        if unknown:
+            raise ConfigError("service", sorted(unknown), f"only keys {sorted(fields)}")
+        return cls(**data)
+
+
+def load_factory(spec: str) -> Any:
+    """Resolve ``"module:attr"`` or ``"file.py:attr"``.
+
+    Raises:
+        ConfigError: naming the spec, if the module or attribute cannot be found.
+    """
+    module_name, _, attr = spec.partition(":")
+    try:
+        if module_name.endswith(".py"):
+            path = Path(module_name).resolve()
+            mod_spec = importlib.util.spec_from_file_location(path.stem, path)
+            if mod_spec is None or mod_spec.loader is None:
+                raise ImportError(f"cannot load {path}")
+            module = importlib.util.module_from_spec(mod_spec)
+            mod_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(module_name)
+        return getattr(module, attr)
+    except (ImportError, AttributeError, OSError) as exc:
+        raise ConfigError("factory", spec, f"an importable 'module:attribute' ({exc})") from None
+
+
+def build_service(spec: ServiceSpec) -> Service:
+    """Instantiate the service a spec describes.
+
+    Raises:
+        ConfigError: if the factory is unknown, rejects the options or builds no Service.
+    """
+    factory = load_factory(spec.factory)
+    try:
+        service = factory(
+            spec.name, bind=spec.bind, controller=spec.controller or None, **spec.options
+        )
+    except TypeError as exc:
+        raise ConfigError(f"{spec.name}.options", spec.options, f"arguments {spec.factory} takes ({exc})") from None
+    if not isinstance(service, Service):
+        raise ConfigError(f"{spec.name}.factory", spec.factory, "a factory returning a Service")
+    return service

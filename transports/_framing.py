@@ -1,0 +1,150 @@
+"""Sans-I/O framing for byte-stream transports (TCP today).
+
+Stream layout::
+
+    preamble   8 bytes  b"TIANJI" + version (2 bytes, big-endian); sent once by each side
+    message    <I nframes> <Q len_0> ... <Q len_n-1> frame_0 ... frame_n-1
+    goodbye    <I 0xFFFFFFFF>   (graceful close; EOF without it means the peer vanished)
+
+:class:`FrameParser` receives into its own preallocated buffer and, for large frames, hands
+out the frame's final destination, so the kernel writes payloads straight where they end
+up (``asyncio.BufferedProtocol``). Declared counts and lengths are checked against the
+:class:`~tianji.core.Limits` before anything is allocated.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+
+from tianji.errors import BadFrame
+
+__all__ = ["GOODBYE", "PREAMBLE", "FrameParser", "encode_prefix"]
+
+PREAMBLE = b"TIANJI\x00\x01"
+GOODBYE_COUNT = 0xFFFFFFFF
+GOODBYE = struct.pack("<I", GOODBYE_COUNT)
+_COUNT = struct.Struct("<I")
+_DIRECT_THRESHOLD = 64 << 10  # frames at least this big are received in place
+_BUFFER_SIZE = 256 << 10
+
+
+def encode_prefix(lengths: Sequence[int]) -> bytes:
+    """The bytes that precede a message's frames on the stream."""
+    return struct.pack(f"<I{len(lengths)}Q", len(lengths), *lengths)
+
+
+class FrameParser:
+    """Incremental parser: feed it with :meth:`get_buffer` / :meth:`buffer_updated`.
+
+    Complete messages accumulate in :attr:`messages` (the caller pops them); a graceful
+    goodbye sets :attr:`goodbye`. Malformed input raises :class:`BadFrame`.
+    """
+
+    def __init__(self, *, max_frame_bytes: int, max_frames: int) -> None:
+        self.max_frame_bytes = max_frame_bytes
+        self.max_frames = max_frames
+        self.messages: list[tuple[list[memoryview], int]] = []
+        self.goodbye = False
+        self._buf = bytearray(_BUFFER_SIZE)
+        self._view = memoryview(self._buf)
+        self._start = 0
+        self._end = 0
+        self._preamble_ok = False
+        self._lengths: tuple[int, ...] | None = None
+        self._frames: list[memoryview] = []
+        self._size = 0
+        self._direct: memoryview | None = None
+        self._filled = 0
+
+    def get_buffer(self) -> memoryview:
+        """Where the next received bytes should be written."""
+        if self._direct is not None:
+            return self._direct[self._filled :]
+        if self._end == len(self._buf):
+            self._compact()
+        return self._view[self._end :]
+
+    def _compact(self) -> None:
+        n = self._end - self._start
+        self._buf[:n] = self._buf[self._start : self._end]
+        self._start, self._end = 0, n
+
+    def buffer_updated(self, nbytes: int) -> None:
+        """Account for ``nbytes`` written into the last buffer and parse what is complete."""
+        if self._direct is not None:
+            self._filled += nbytes
+            if self._filled == len(self._direct):
+                self._frames.append(self._direct)
+                self._direct = None
+                self._parse()
+            return
+        self._end += nbytes
+        self._parse()
+
+    def _parse(self) -> None:
+        while not self.goodbye:
+            avail = self._end - self._start
+            if not self._preamble_ok:
+                if avail < len(PREAMBLE):
+                    return
+                got = bytes(self._buf[self._start : self._start + len(PREAMBLE)])
+                if got != PREAMBLE:
+                    raise BadFrame("bad_preamble", f"stream starts with {got!r}, not {PREAMBLE!r}")
+                self._start += len(PREAMBLE)
+                self._preamble_ok = True
+            elif self._lengths is None:
+                if not self._parse_lengths(avail):
+                    return
+            elif len(self._frames) == len(self._lengths):
+                self.messages.append((self._frames, self._size))
+                self._lengths, self._frames, self._size = None, [], 0
+            else:
+                if not self._parse_frame(avail, self._lengths[len(self._frames)]):
+                    return
+        if self._end - self._start:
+            raise BadFrame("data_after_goodbye", f"{self._end - self._start} bytes after goodbye")
+
+    def _parse_lengths(self, avail: int) -> bool:
+        if avail < 4:
+            return False
+        (count,) = _COUNT.unpack_from(self._buf, self._start)
+        if count == GOODBYE_COUNT:
+            self._start += 4
+            self.goodbye = True
+            return True
+        if not 1 <= count <= self.max_frames:
+            raise BadFrame("bad_frame_count", f"message declares {count} frames (1..{self.max_frames})")
+        need = 4 + 8 * count
+        if avail < need:
+            if need > len(self._buf) - self._start:
+                self._compact()
+            return False
+        lengths = struct.unpack_from(f"<{count}Q", self._buf, self._start + 4)
+        for i, n in enumerate(lengths):
+            if n > self.max_frame_bytes:
+                raise BadFrame(
+                    "frame_too_large",
+                    f"frame {i} declares {n} bytes > max_frame_bytes {self.max_frame_bytes}",
+                )
+        self._start += need
+        self._lengths = lengths
+        self._size = sum(lengths)
+        return True
+
+    def _parse_frame(self, avail: int, length: int) -> bool:
+        if avail >= length:
+            frame = memoryview(bytearray(self._view[self._start : self._start + length]))
+            self._start += length
+            self._frames.append(frame)
+            return True
+        if length >= _DIRECT_THRESHOLD:
+            # Receive the rest straight into the frame's own buffer: no second copy.
+            target = memoryview(bytearray(length))
+            target[:avail] = self._view[self._start : self._end]
+            self._start = self._end = 0
+            self._direct, self._filled = target, avail
+            return False
+        if length > len(self._buf) - self._start:
+            self._compact()
+        return False

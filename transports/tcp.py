@@ -1,0 +1,333 @@
+"""TCP transport (``tcp://HOST:PORT``, port 0 picks a free port).
+
+Receiving uses :class:`asyncio.BufferedProtocol`: the kernel writes into the parser's
+preallocated buffer, and large frames straight into their final ``bytearray`` (see
+:mod:`tianji.transports._framing`). Sending writes the length prefix and then each frame
+as a memoryview (no concatenation). Backpressure runs end to end: a full receive queue
+pauses reading, the peer's kernel buffers fill, the sender's write buffer passes its high
+water mark and ``send`` waits. ``TCP_NODELAY`` is set on every socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from typing import cast
+
+from tianji.core import ConnectionStatistics, Frames, Limits
+from tianji.errors import BadFrame, BrokenByPeer, ClosedByUs, EndOfStream, TianjiError, WouldBlock
+from tianji.queues import BoundedQueue
+from tianji.transports._framing import GOODBYE, PREAMBLE, FrameParser, encode_prefix
+
+__all__ = ["TcpConnection", "TcpListener", "TcpTransport", "parse_tcp_address"]
+
+log = logging.getLogger(__name__)
+CLOSE_TIMEOUT = 5.0
+
+
+def parse_tcp_address(address: str) -> tuple[str, int]:
+    """``tcp://host:port`` or ``tcp://[v6]:port`` -> ``(host, port)``.
+
+    Raises:
+        ValueError: naming the address, if it is not of that form.
+    """
+    scheme, sep, rest = address.partition("://")
+    host, colon, port_s = rest.rpartition(":")
+    if scheme != "tcp" or not sep or not colon or not host or not port_s.isdigit():
+        raise ValueError(f"not a tcp address: {address!r} (expected tcp://HOST:PORT)")
+    port = int(port_s)
+    if port > 65535:
+        raise ValueError(f"port out of range in {address!r}")
+    return host.strip("[]"), port
+
+
+def format_tcp_address(host: str, port: int) -> str:
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+
+
+class _StreamProtocol(asyncio.BufferedProtocol):
+    """Glue between an asyncio transport and a :class:`TcpConnection`."""
+
+    def __init__(self, limits: Limits, peer_hint: str) -> None:
+        self.limits = limits
+        self.peer = peer_hint
+        self.transport: asyncio.Transport | None = None
+        self.parser = FrameParser(max_frame_bytes=limits.max_frame_bytes, max_frames=limits.max_frames)
+        self.inbox: BoundedQueue[list[memoryview]] = BoundedQueue(
+            f"tcp recv {peer_hint}", max_items=limits.queue_messages, max_bytes=limits.queue_bytes
+        )
+        self.connected = asyncio.get_running_loop().create_future()
+        self.lost = asyncio.get_running_loop().create_future()
+        self.error: TianjiError | None = None
+        self._writable = asyncio.Event()
+        self._writable.set()
+        self._reading_paused = False
+        self.bytes_received = 0
+        self.messages_received = 0
+
+    # -------------------------------------------------------------- asyncio callbacks
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        peername = transport.get_extra_info("peername")
+        if peername:
+            self.peer = format_tcp_address(str(peername[0]), int(peername[1]))
+            self.inbox.name = f"tcp recv {self.peer}"
+        high = self.limits.queue_bytes
+        self.transport.set_write_buffer_limits(high=high, low=high // 4)
+        self.transport.write(PREAMBLE)
+        if not self.connected.done():
+            self.connected.set_result(None)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.parser.get_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.bytes_received += nbytes
+        try:
+            self.parser.buffer_updated(nbytes)
+        except BadFrame as exc:
+            self._fail(exc.with_peer(self.peer))
+            return
+        for frames, size in self.parser.messages:
+            self.inbox.put_force(frames, size)
+        self.messages_received += len(self.parser.messages)
+        self.parser.messages.clear()
+        if self.parser.goodbye:
+            self.inbox.close(EndOfStream(self.peer))
+        elif self.inbox.full() and not self._reading_paused and self.transport is not None:
+            self._reading_paused = True
+            self.transport.pause_reading()
+
+    def eof_received(self) -> bool:
+        if not self.parser.goodbye:
+            self._fail(BrokenByPeer(self.peer, "connection closed without goodbye"))
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.error is None and not self.parser.goodbye:
+            reason = f"{type(exc).__name__}: {exc}" if exc else "connection closed without goodbye"
+            self.error = BrokenByPeer(self.peer, reason)
+        self.inbox.close(self.error or EndOfStream(self.peer))
+        self._writable.set()
+        if not self.lost.done():
+            self.lost.set_result(None)
+        if not self.connected.done():
+            self.connected.set_exception(self.error or EndOfStream(self.peer))
+
+    def pause_writing(self) -> None:
+        self._writable.clear()
+
+    def resume_writing(self) -> None:
+        self._writable.set()
+
+    # -------------------------------------------------------------- helpers
+    def _fail(self, error: TianjiError) -> None:
+        if self.error is None:
+            self.error = error
+            if isinstance(error, BadFrame):
+                log.warning("closing connection from %s: %s", self.peer, error)
+        self.inbox.close(error)
+        if self.transport is not None:
+            self.transport.abort()
+
+    def after_get(self) -> None:
+        if self._reading_paused and not self.inbox.full() and self.transport is not None:
+            self._reading_paused = False
+            self.transport.resume_reading()
+
+
+class TcpConnection:
+    """A framed TCP link. See :class:`tianji.core.Connection` for the contract."""
+
+    def __init__(self, protocol: _StreamProtocol) -> None:
+        self._p = protocol
+        self._closed = False
+        self.messages_sent = 0
+        self.bytes_sent = 0
+
+    @property
+    def peer(self) -> str:
+        return self._p.peer
+
+    def _check_open(self) -> asyncio.Transport:
+        if self._closed:
+            raise ClosedByUs(f"tcp connection to {self.peer}")
+        if self._p.lost.done() or self._p.transport is None or self._p.transport.is_closing():
+            raise self._p.error or EndOfStream(self.peer)
+        if self._p.parser.goodbye:
+            raise EndOfStream(self.peer)
+        return self._p.transport
+
+    def _write(self, transport: asyncio.Transport, frames: Frames) -> None:
+        limits = self._p.limits
+        if not frames or len(frames) > limits.max_frames:
+            raise BadFrame("too_many_frames", f"{len(frames)} frames (1..{limits.max_frames})")
+        views = [memoryview(f).cast("B") for f in frames]
+        lengths = [v.nbytes for v in views]
+        for i, n in enumerate(lengths):
+            if n > limits.max_frame_bytes:
+                raise BadFrame("frame_too_large", f"frame {i}: {n} > {limits.max_frame_bytes}")
+        transport.write(encode_prefix(lengths))
+        for v in views:
+            if v.nbytes:
+                transport.write(v)
+        self.messages_sent += 1
+        self.bytes_sent += sum(lengths)
+
+    async def send(self, frames: Frames) -> None:
+        while True:
+            transport = self._check_open()
+            if self._p._writable.is_set():
+                self._write(transport, frames)
+                return
+            await self._p._writable.wait()
+
+    def send_nowait(self, frames: Frames) -> None:
+        transport = self._check_open()
+        if not self._p._writable.is_set():
+            raise WouldBlock(
+                f"tcp send {self.peer}", 0, transport.get_write_buffer_size()
+            )
+        self._write(transport, frames)
+
+    async def drain(self) -> None:
+        while not self._p._writable.is_set():
+            self._check_open()
+            await self._p._writable.wait()
+        self._check_open()
+
+    async def recv(self) -> list[memoryview]:
+        if self._closed:
+            raise ClosedByUs(f"tcp connection to {self.peer}")
+        frames = await self._p.inbox.get()
+        self._p.after_get()
+        return frames
+
+    async def aclose(self) -> None:
+        """Flush what is queued, say goodbye and close. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        transport = self._p.transport
+        if transport is not None and not transport.is_closing():
+            transport.write(GOODBYE)
+            transport.close()  # flushes the write buffer, then closes
+        self._p.inbox.close(ClosedByUs(f"tcp connection to {self.peer}"), discard=True)
+        try:
+            await asyncio.wait_for(asyncio.shield(self._p.lost), CLOSE_TIMEOUT)
+        except TimeoutError:
+            if transport is not None:
+                transport.abort()
+
+    def abort(self) -> None:
+        """Close at once without goodbye: the peer sees :class:`BrokenByPeer`."""
+        self._closed = True
+        self._p.inbox.close(ClosedByUs(f"tcp connection to {self.peer}"), discard=True)
+        if self._p.transport is not None:
+            self._p.transport.abort()
+
+    def statistics(self) -> ConnectionStatistics:
+        t = self._p.transport
+        return ConnectionStatistics(
+            messages_sent=self.messages_sent,
+            bytes_sent=self.bytes_sent,
+            messages_received=self._p.messages_received,
+            bytes_received=self._p.bytes_received,
+            send_queue_messages=0,
+            send_queue_bytes=t.get_write_buffer_size() if t is not None else 0,
+            recv_queue_messages=len(self._p.inbox),
+            recv_queue_bytes=self._p.inbox.nbytes,
+        )
+
+    async def __aenter__(self) -> TcpConnection:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class TcpListener:
+    """A listening TCP socket; accepted connections queue up (bounded) for :meth:`accept`."""
+
+    def __init__(self, limits: Limits, backlog: int) -> None:
+        self._limits = limits
+        self._server: asyncio.Server | None = None
+        self._address = ""
+        self._pending: BoundedQueue[TcpConnection] = BoundedQueue(
+            "tcp accept queue", max_items=backlog, max_bytes=backlog
+        )
+        self.refused = 0
+
+    @property
+    def address(self) -> str:
+        return self._address
+
+    def _protocol(self) -> _StreamProtocol:
+        proto = _StreamProtocol(self._limits, "tcp-peer")
+        proto.connected.add_done_callback(lambda f: self._on_connected(proto, f))
+        return proto
+
+    def _on_connected(self, proto: _StreamProtocol, fut: asyncio.Future[None]) -> None:
+        if fut.cancelled() or fut.exception() is not None:
+            return
+        try:
+            self._pending.put_nowait(TcpConnection(proto), 1)
+        except TianjiError:
+            self.refused += 1
+            log.warning("refusing connection from %s: accept queue full or closed", proto.peer)
+            if proto.transport is not None:
+                proto.transport.abort()
+
+    async def _start(self, host: str, port: int) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(self._protocol, host, port, reuse_address=True)
+        sockname = self._server.sockets[0].getsockname()
+        self._address = format_tcp_address(str(sockname[0]), int(sockname[1]))
+
+    async def accept(self) -> TcpConnection:
+        return await self._pending.get()
+
+    async def aclose(self) -> None:
+        """Stop listening (idempotent); already accepted connections stay open."""
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        self._pending.close(ClosedByUs(self._address))
+        while len(self._pending):
+            self._pending.get_nowait().abort()
+
+    async def __aenter__(self) -> TcpListener:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class TcpTransport:
+    """The ``tcp`` transport. ``listen("tcp://127.0.0.1:0")`` picks a free port."""
+
+    scheme = "tcp"
+
+    def __init__(self, backlog: int = 256) -> None:
+        self.backlog = backlog
+
+    async def listen(self, address: str, *, limits: Limits) -> TcpListener:
+        host, port = parse_tcp_address(address)
+        listener = TcpListener(limits, self.backlog)
+        await listener._start(host, port)
+        return listener
+
+    async def connect(self, address: str, *, limits: Limits) -> TcpConnection:
+        host, port = parse_tcp_address(address)
+        loop = asyncio.get_running_loop()
+        try:
+            _, proto = await loop.create_connection(
+                lambda: _StreamProtocol(limits, address), host, port
+            )
+        except OSError as exc:
+            raise BrokenByPeer(address, f"connect failed: {exc.strerror or exc}") from exc
+        return TcpConnection(proto)
