@@ -19,20 +19,21 @@ def _cmd_version(args: argparse.Namespace) -> int:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from tianji.demo import demo_specs
-    from tianji.launch.local import print_progress, run_local
+    from tianji.launch.local import LocalLauncher, print_progress, run_local
 
     specs = demo_specs(args.events, args.size)
     print(
         f"tianji demo: producer -> relay -> consumer as 3 processes over TCP, "
         f"{args.events} events of {args.size} float32 each"
     )
-    result = run_local(
+    launcher = LocalLauncher(
         specs,
         until=lambda c: "consumer-0" in c.reports,
         timeout=args.timeout,
         progress=print_progress(),
         progress_interval=1.0,
     )
+    result = run_local(launcher)
     report = result.reports.get("consumer-0")
     if report is None:
         print(f"run ended ({result.reason}) before the consumer reported", file=sys.stderr)
@@ -65,7 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``tianji`` console script."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:
         code: int = args.func(args)
     except TianjiError as exc:

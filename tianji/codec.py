@@ -99,7 +99,8 @@ class Codec:
             arr = obj if obj.flags.c_contiguous else np.ascontiguousarray(obj).reshape(obj.shape)
             index = len(self._buffers) + 1
             # A uint8 view of the contiguous data: no copy, works for every numeric dtype.
-            self._buffers.append(memoryview(arr.reshape(-1).view(np.uint8)))
+            raw: Any = arr.reshape(-1).view(np.uint8)
+            self._buffers.append(memoryview(raw))
             ext = self._ext_packer.pack([arr.dtype.str, list(arr.shape), index])
             return msgpack.ExtType(ARRAY_EXT, ext)
         if isinstance(obj, np.generic):
@@ -143,7 +144,9 @@ class Codec:
         except Exception as exc:  # msgpack raises assorted errors on garbage; name them all
             raise BadFrame("malformed_header", f"{type(exc).__name__}: {exc}") from None
         if not (isinstance(header, tuple) and len(header) == 3):
-            raise BadFrame("malformed_header", f"expected [version, type, body], got {header!r:.80}")
+            raise BadFrame(
+                "malformed_header", f"expected [version, type, body], got {header!r:.80}"
+            )
         version, type_name, body = header
         if version != WIRE_VERSION:
             raise BadFrame("wire_version", f"version {version!r}, this peer speaks {WIRE_VERSION}")
@@ -162,7 +165,9 @@ def _decode_array(data: bytes, views: list[memoryview], used: set[int]) -> np.nd
         spec = msgpack.unpackb(data, raw=False, use_list=False)
         dtype_str, shape, index = spec
     except Exception as exc:
-        raise BadFrame("malformed_array", f"array descriptor: {type(exc).__name__}: {exc}") from None
+        raise BadFrame(
+            "malformed_array", f"array descriptor: {type(exc).__name__}: {exc}"
+        ) from None
     try:
         dtype = np.dtype(dtype_str) if isinstance(dtype_str, str) else None
     except TypeError:
@@ -225,7 +230,9 @@ def _conforms(value: object, hint: Any) -> bool:
             return False
         if len(args) == 2 and args[1] is Ellipsis:
             return all(_conforms(v, args[0]) for v in value)
-        return len(args) == len(value) and all(_conforms(v, a) for v, a in zip(value, args))
+        return len(args) == len(value) and all(
+            _conforms(v, a) for v, a in zip(value, args, strict=True)
+        )
     if origin is dict:
         return isinstance(value, dict) and all(
             _conforms(k, args[0]) and _conforms(v, args[1]) for k, v in value.items()

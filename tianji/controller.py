@@ -121,7 +121,9 @@ class Controller(Service):
         elif isinstance(ev, WatchTopics):
             for name in ev.topics:
                 self._watchers.setdefault(name, set()).add(conn)
-                await self._tell(conn, PublishersChanged(topic=name, addresses=self.publishers(name)))
+                await self._tell(
+                    conn, PublishersChanged(topic=name, addresses=self.publishers(name))
+                )
         elif isinstance(ev, Heartbeat):
             record = self.registry.get(ev.name)
             if record is not None and record.conn is conn:
@@ -138,7 +140,9 @@ class Controller(Service):
     async def _register(self, ev: RegisterService, conn: Connection) -> None:
         old = self.registry.get(ev.name)
         if old is not None and old.conn is not conn:
-            log.warning("%s registered again from %s; replacing %s", ev.name, ev.address, old.address)
+            log.warning(
+                "%s registered again from %s; replacing %s", ev.name, ev.address, old.address
+            )
         before = set(old.publishes) if old is not None else set()
         now = time.monotonic()
         self.registry[ev.name] = ServiceRecord(

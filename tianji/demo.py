@@ -108,9 +108,17 @@ class Consumer(Service):
 def demo_specs(count: int, size: int, bind: str = "tcp://127.0.0.1:0") -> list[ServiceSpec]:
     """The three-process demo graph."""
     return [
-        ServiceSpec(name="consumer-0", factory="tianji.demo:Consumer",
-                    options={"count": count, "size": size}, bind=bind),
+        ServiceSpec(
+            name="consumer-0",
+            factory="tianji.demo:Consumer",
+            options={"count": count, "size": size},
+            bind=bind,
+        ),
         ServiceSpec(name="relay-0", factory="tianji.demo:Relay", bind=bind),
-        ServiceSpec(name="producer-0", factory="tianji.demo:Producer",
-                    options={"count": count, "size": size}, bind=bind),
+        ServiceSpec(
+            name="producer-0",
+            factory="tianji.demo:Producer",
+            options={"count": count, "size": size},
+            bind=bind,
+        ),
     ]

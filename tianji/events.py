@@ -93,13 +93,14 @@ def event(cls: type[E] | None = None, *, name: str | None = None) -> Any:
         wire = name or c.__name__
         if wire in _REGISTRY and _REGISTRY[wire].cls.__qualname__ != c.__qualname__:
             raise ValueError(f"event name {wire!r} is already used by {_REGISTRY[wire].cls!r}")
-        dc = dataclasses.dataclass(frozen=True, slots=True, kw_only=True)(c)
-        dc.TYPE = wire  # type: ignore[attr-defined]
+        dc: Any = dataclasses.dataclass(frozen=True, slots=True, kw_only=True)(c)
+        dc.TYPE = wire
         hints = typing.get_type_hints(dc)
         hints.pop("TYPE", None)
         fields = tuple(f.name for f in dataclasses.fields(dc))
         _REGISTRY[wire] = EventInfo(wire, dc, fields, {f: hints[f] for f in fields})
-        return dc
+        result: type[E] = dc
+        return result
 
     if cls is None:
         return wrap
@@ -253,4 +254,3 @@ class ParamsPublished(Event):
 
     policy_version: int
     weights: dict[str, np.ndarray]
-

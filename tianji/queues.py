@@ -19,7 +19,7 @@ T = TypeVar("T")
 class QueueStatistics:
     """Snapshot of a queue: depth in items and bytes, and the bounds."""
 
-    __slots__ = ("items", "nbytes", "max_items", "max_bytes", "waiting_putters")
+    __slots__ = ("items", "max_bytes", "max_items", "nbytes", "waiting_putters")
 
     def __init__(self, items: int, nbytes: int, max_items: int, max_bytes: int, putters: int):
         self.items = items

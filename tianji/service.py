@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import logging
 import os
@@ -184,7 +185,7 @@ class Service:
         Returns:
             How many subscribers it was delivered to (0 is counted as unsubscribed).
         """
-        name, frames, conns = self._prepare_publish(ev, topic_name)
+        frames, conns = self._prepare_publish(ev, topic_name)
         delivered = 0
         for conn in conns:
             try:
@@ -197,7 +198,7 @@ class Service:
     def publish_nowait(self, ev: Event, topic_name: str | None = None) -> int:
         """Like :meth:`publish` but raises :class:`~tianji.errors.WouldBlock` if any
         subscriber is full; subscribers before it in the list may already have it."""
-        name, frames, conns = self._prepare_publish(ev, topic_name)
+        frames, conns = self._prepare_publish(ev, topic_name)
         for conn in conns:
             conn.send_nowait(frames)
         return len(conns)
@@ -340,10 +341,8 @@ class Service:
 
         await asyncio.gather(*(close(c) for c in subscribers | self._peers))
         if self._controller_conn is not None:
-            try:
+            with contextlib.suppress(TianjiError):
                 await self._controller_conn.send(self._frames(self.heartbeat(), CONTROL))
-            except TianjiError:
-                pass
             await self._controller_conn.aclose()
 
     async def _release(self) -> None:
@@ -364,9 +363,9 @@ class Service:
         self._notify()
 
     def _check_ready(self) -> None:
-        if self._state is ServiceState.STARTING and self._registered.is_set():
-            if not self._watch_pending:
-                self._set_state(ServiceState.READY)
+        registered = self._registered.is_set() and not self._watch_pending
+        if self._state is ServiceState.STARTING and registered:
+            self._set_state(ServiceState.READY)
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         if self._tg is None:
@@ -404,7 +403,7 @@ class Service:
 
     def _prepare_publish(
         self, ev: Event, topic_name: str | None
-    ) -> tuple[str, list[bytes | bytearray | memoryview], list[Connection]]:
+    ) -> tuple[list[bytes | bytearray | memoryview], list[Connection]]:
         name = topic_name or topic(type(ev))
         if event_type_of_topic(name) != ev.TYPE:
             raise ValueError(f"topic {name!r} does not carry {ev.TYPE} events")
@@ -413,7 +412,7 @@ class Service:
         conns = list(self._subscribers.get(name, ()))
         if not conns:
             self.counters["published_unsubscribed"] += 1
-        return name, self._frames(ev, name), conns
+        return self._frames(ev, name), conns
 
     def _declare(self, name: str) -> None:
         """Add ``name`` to the published topics, telling the controller if connected."""

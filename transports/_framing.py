@@ -114,7 +114,9 @@ class FrameParser:
             self.goodbye = True
             return True
         if not 1 <= count <= self.max_frames:
-            raise BadFrame("bad_frame_count", f"message declares {count} frames (1..{self.max_frames})")
+            raise BadFrame(
+                "bad_frame_count", f"message declares {count} frames (1..{self.max_frames})"
+            )
         need = 4 + 8 * count
         if avail < need:
             if need > len(self._buf) - self._start:

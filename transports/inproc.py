@@ -49,7 +49,9 @@ class InprocConnection:
         if self._closed:
             raise ClosedByUs(f"inproc connection to {self._peer_name}")
         if not frames or len(frames) > self._limits.max_frames:
-            raise BadFrame("too_many_frames", f"{len(frames)} frames (1..{self._limits.max_frames})")
+            raise BadFrame(
+                "too_many_frames", f"{len(frames)} frames (1..{self._limits.max_frames})"
+            )
         copies = [memoryview(bytearray(f)) for f in frames]
         size = 0
         for i, c in enumerate(copies):

@@ -15,10 +15,11 @@ import logging
 import socket
 from typing import cast
 
+from tianji.transports._framing import GOODBYE, PREAMBLE, FrameParser, encode_prefix
+
 from tianji.core import ConnectionStatistics, Frames, Limits
 from tianji.errors import BadFrame, BrokenByPeer, ClosedByUs, EndOfStream, TianjiError, WouldBlock
 from tianji.queues import BoundedQueue
-from tianji.transports._framing import GOODBYE, PREAMBLE, FrameParser, encode_prefix
 
 __all__ = ["TcpConnection", "TcpListener", "TcpTransport", "parse_tcp_address"]
 
@@ -53,7 +54,9 @@ class _StreamProtocol(asyncio.BufferedProtocol):
         self.limits = limits
         self.peer = peer_hint
         self.transport: asyncio.Transport | None = None
-        self.parser = FrameParser(max_frame_bytes=limits.max_frame_bytes, max_frames=limits.max_frames)
+        self.parser = FrameParser(
+            max_frame_bytes=limits.max_frame_bytes, max_frames=limits.max_frames
+        )
         self.inbox: BoundedQueue[list[memoryview]] = BoundedQueue(
             f"tcp recv {peer_hint}", max_items=limits.queue_messages, max_bytes=limits.queue_bytes
         )
@@ -189,9 +192,7 @@ class TcpConnection:
     def send_nowait(self, frames: Frames) -> None:
         transport = self._check_open()
         if not self._p._writable.is_set():
-            raise WouldBlock(
-                f"tcp send {self.peer}", 0, transport.get_write_buffer_size()
-            )
+            raise WouldBlock(f"tcp send {self.peer}", 0, transport.get_write_buffer_size())
         self._write(transport, frames)
 
     async def drain(self) -> None:

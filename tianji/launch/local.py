@@ -9,7 +9,8 @@ timeout. In every case every child is stopped: Shutdown first, then SIGTERM, the
 Usage::
 
     specs = [ServiceSpec(name="producer-0", factory="tianji.demo:Producer", options={...}), ...]
-    result = run_local(specs, until=lambda c: "consumer-0" in c.reports, timeout=120)
+    launcher = LocalLauncher(specs, until=lambda c: "consumer-0" in c.reports, timeout=120)
+    result = run_local(launcher)
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import TextIO
+from typing import Any, TextIO
 
 from tianji.controller import Controller
 from tianji.errors import ConfigError, ServiceFailed
@@ -126,15 +127,25 @@ class LocalLauncher:
         if reason.startswith("failed"):
             raise ServiceFailed(reason.split(" ", 2)[1], f"{reason}; exit codes {failed}")
         return LaunchResult(
-            self.controller.run_id, reason, dict(self.controller.reports), codes,
+            self.controller.run_id,
+            reason,
+            dict(self.controller.reports),
+            codes,
             time.monotonic() - started,
         )
 
     async def _spawn(self, spec: ServiceSpec) -> None:
         spec = dataclasses.replace(spec, controller=self.controller.address)
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "tianji.launch.worker",
-            "--run", self.controller.run_id, "--name", spec.name, "--parent", str(os.getpid()),
+            sys.executable,
+            "-m",
+            "tianji.launch.worker",
+            "--run",
+            self.controller.run_id,
+            "--name",
+            spec.name,
+            "--parent",
+            str(os.getpid()),
             stdin=asyncio.subprocess.PIPE,
             start_new_session=True,  # Ctrl-C reaches the launcher only; it stops the children
         )
@@ -147,12 +158,12 @@ class LocalLauncher:
 
     async def _watch(self, stop_signal: asyncio.Event, started: float) -> str:
         """Return why the run ends: complete, failed NAME ..., timeout or signal."""
-        exits = {
-            asyncio.create_task(c.proc.wait(), name=n): n for n, c in self.children.items()
+        exits: dict[asyncio.Future[Any], str] = {
+            asyncio.ensure_future(c.proc.wait()): n for n, c in self.children.items()
         }
-        complete = asyncio.create_task(self.controller.wait_until(self.until))
-        signalled = asyncio.create_task(stop_signal.wait())
-        pending: set[asyncio.Task[object]] = {complete, signalled, *exits}  # type: ignore[arg-type]
+        complete = asyncio.ensure_future(self.controller.wait_until(self.until))
+        signalled = asyncio.ensure_future(stop_signal.wait())
+        pending: set[asyncio.Future[Any]] = {complete, signalled, *exits}
         next_progress = time.monotonic() + self.progress_interval
         try:
             while True:
@@ -171,7 +182,7 @@ class LocalLauncher:
                 if signalled in done:
                     return "terminated"
                 for task in done:
-                    name = exits.get(task)  # type: ignore[call-overload]
+                    name = exits.get(task)
                     code = self.children[name].proc.returncode if name else None
                     if name is not None and code != 0:
                         return f"failed {name} exited with code {code}"
@@ -235,7 +246,6 @@ def print_progress(stream: TextIO = sys.stdout) -> Progress:
     return show
 
 
-def run_local(specs: Sequence[ServiceSpec], *, until: Until, **kwargs: object) -> LaunchResult:
-    """Blocking helper: run :class:`LocalLauncher` on the configured event loop."""
-    launcher = LocalLauncher(specs, until=until, **kwargs)  # type: ignore[arg-type]
+def run_local(launcher: LocalLauncher) -> LaunchResult:
+    """Blocking helper: run ``launcher`` on the configured event loop (uvloop if present)."""
     return run(launcher.run())

@@ -42,7 +42,9 @@ class ServiceSpec:
         try:
             json.dumps(self.options)
         except TypeError as exc:
-            raise ConfigError(f"{self.name}.options", self.options, f"JSON values ({exc})") from None
+            raise ConfigError(
+                f"{self.name}.options", self.options, f"JSON values ({exc})"
+            ) from None
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -90,7 +92,9 @@ def build_service(spec: ServiceSpec) -> Service:
             spec.name, bind=spec.bind, controller=spec.controller or None, **spec.options
         )
     except TypeError as exc:
-        raise ConfigError(f"{spec.name}.options", spec.options, f"arguments {spec.factory} takes ({exc})") from None
+        raise ConfigError(
+            f"{spec.name}.options", spec.options, f"arguments {spec.factory} takes ({exc})"
+        ) from None
     if not isinstance(service, Service):
         raise ConfigError(f"{spec.name}.factory", spec.factory, "a factory returning a Service")
     return service
