@@ -64,6 +64,7 @@ log = logging.getLogger("tianji.service")
 E = TypeVar("E", bound=Event)
 Handler = Callable[[E], Awaitable[None]]
 CONTROL = ""  # topic of requests/replies on a link (not pub/sub)
+_YIELD_EVERY = 32
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -125,6 +126,9 @@ class Service:
         options: ServiceOptions | None = None,
         publishes: Sequence[str | type[Event]] = (),
     ) -> None:
+        transports.split_address(bind)  # ConfigError naming a malformed address, now
+        if controller is not None:
+            transports.split_address(controller)
         self.name = name
         self.bind = bind
         self.controller_address = controller
@@ -153,6 +157,7 @@ class Service:
         self._stopping = asyncio.Event()
         self._changed = asyncio.Event()
         self._failure: str | None = None
+        self._unyielded = 0
 
     # ------------------------------------------------------------------ public API
     @property
@@ -193,6 +198,12 @@ class Service:
                 delivered += 1
             except TianjiError as exc:
                 self._drop_subscriber(conn, exc)
+        # A send that finds room does not suspend; yield now and then so a producer in a
+        # tight loop never starves heartbeats, control commands or signal handlers.
+        self._unyielded += 1
+        if self._unyielded >= _YIELD_EVERY or not conns:
+            self._unyielded = 0
+            await asyncio.sleep(0)
         return delivered
 
     def publish_nowait(self, ev: Event, topic_name: str | None = None) -> int:
