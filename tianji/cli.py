@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from tianji import __version__
@@ -66,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``tianji`` console script."""
     args = build_parser().parse_args(argv)
+    os.environ.setdefault("TIANJI_LOG_LEVEL", args.log_level)  # worker processes inherit it
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
