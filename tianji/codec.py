@@ -37,6 +37,9 @@ WIRE_VERSION = 1
 ARRAY_EXT = 1
 DEFAULT_MAX_FRAME_BYTES = 1 << 30
 _ALLOWED_KINDS = frozenset("biufc")
+_MAX_NDIM = 32  # numpy allows 64; no RL array needs more than a handful
+_MAX_DIM = 1 << 40
+_MAX_DEPTH = 32  # nesting of tuples/maps inside a field value
 Buffer = bytes | bytearray | memoryview
 
 
@@ -157,7 +160,10 @@ class Codec:
             raise BadFrame(
                 "unreferenced_frames", f"{len(views) - 1} buffer frames, {len(used)} referenced"
             )
-        return _build(info, body)
+        try:
+            return _build(info, body)
+        except RecursionError:  # e.g. repr() of a hostile, deeply nested value
+            raise BadFrame("too_deep", f"{info.name} nests deeper than {_MAX_DEPTH}") from None
 
 
 def _decode_array(data: bytes, views: list[memoryview], used: set[int]) -> np.ndarray:
@@ -174,8 +180,14 @@ def _decode_array(data: bytes, views: list[memoryview], used: set[int]) -> np.nd
         dtype = None
     if dtype is None or dtype.kind not in _ALLOWED_KINDS or dtype.fields is not None:
         raise BadFrame("bad_dtype", f"dtype {dtype_str!r:.40} is not a numeric dtype")
-    if not (isinstance(shape, tuple) and all(type(d) is int and d >= 0 for d in shape)):
-        raise BadFrame("bad_shape", f"shape {shape!r:.80} is not a tuple of non-negative ints")
+    if not (
+        isinstance(shape, tuple)
+        and len(shape) <= _MAX_NDIM
+        and all(type(d) is int and 0 <= d <= _MAX_DIM for d in shape)
+    ):
+        raise BadFrame(
+            "bad_shape", f"shape {shape!r:.80} is not a tuple of at most {_MAX_NDIM} dims in 0..2**40"
+        )
     if type(index) is not int or not 1 <= index < len(views) or index in used:
         raise BadFrame("bad_frame_index", f"array frame index {index!r} (frames: {len(views)})")
     used.add(index)
@@ -200,7 +212,7 @@ def _build(info: EventInfo, body: object) -> Event:
         extra = sorted(str(k) for k in body.keys() - set(info.fields))
         raise BadFrame("bad_fields", f"{info.name}: missing {missing}, unexpected {extra}")
     for name in info.fields:
-        if not _conforms(body[name], info.hints[name]):
+        if not _conforms(body[name], info.hints[name], _MAX_DEPTH):
             raise BadFrame(
                 "bad_field_type",
                 f"{info.name}.{name}={body[name]!r:.80} does not match {info.hints[name]}",
@@ -211,10 +223,15 @@ def _build(info: EventInfo, body: object) -> Event:
 _PRIMITIVES = (type(None), bool, int, float, str, bytes, np.ndarray)
 
 
-def _conforms(value: object, hint: Any) -> bool:
-    """Check a decoded value against a field annotation (the subset events may use)."""
+def _conforms(value: object, hint: Any, depth: int) -> bool:
+    """Check a decoded value against a field annotation (the subset events may use).
+
+    ``depth`` bounds nesting, so hostile input cannot exhaust the stack.
+    """
+    if depth <= 0:
+        return False
     if hint is Any or hint is object:
-        return _is_plain(value)
+        return _is_plain(value, depth)
     origin = typing.get_origin(hint)
     if origin is None:
         if hint is float:
@@ -224,29 +241,32 @@ def _conforms(value: object, hint: Any) -> bool:
         return isinstance(value, hint)
     args = typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
-        return any(_conforms(value, a) for a in args)
+        return any(_conforms(value, a, depth) for a in args)
     if origin is tuple:
         if not isinstance(value, tuple):
             return False
         if len(args) == 2 and args[1] is Ellipsis:
-            return all(_conforms(v, args[0]) for v in value)
+            return all(_conforms(v, args[0], depth - 1) for v in value)
         return len(args) == len(value) and all(
-            _conforms(v, a) for v, a in zip(value, args, strict=True)
+            _conforms(v, a, depth - 1) for v, a in zip(value, args, strict=True)
         )
     if origin is dict:
         return isinstance(value, dict) and all(
-            _conforms(k, args[0]) and _conforms(v, args[1]) for k, v in value.items()
+            _conforms(k, args[0], depth - 1) and _conforms(v, args[1], depth - 1)
+            for k, v in value.items()
         )
     return False
 
 
-def _is_plain(value: object) -> bool:
+def _is_plain(value: object, depth: int) -> bool:
     if isinstance(value, _PRIMITIVES):
         return True
+    if depth <= 0:
+        return False
     if isinstance(value, tuple):
-        return all(_is_plain(v) for v in value)
+        return all(_is_plain(v, depth - 1) for v in value)
     if isinstance(value, dict):
-        return all(isinstance(k, str) and _is_plain(v) for k, v in value.items())
+        return all(isinstance(k, str) and _is_plain(v, depth - 1) for k, v in value.items())
     return False
 
 

@@ -1,0 +1,24 @@
+"""The examples run as documented."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "pubsub.py"
+
+
+@pytest.mark.parametrize(
+    "args", [[], pytest.param(["--processes"], marks=pytest.mark.slow)], ids=["inproc", "processes"]
+)
+def test_pubsub_example_delivers_every_reading(args: list[str]) -> None:
+    out = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--count", "120", *args],
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout
+    assert "printer: reading 100:" in out
+    if args:
+        assert "complete: {'seen': 120}" in out
