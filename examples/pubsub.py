@@ -59,7 +59,9 @@ class Smoother(Service):
 
     async def on_raw(self, ev: ArraysPublished) -> None:
         x = ev.arrays["x"]
-        self.average = x if self.average is None else (1 - self.alpha) * self.average + self.alpha * x
+        self.average = (
+            x if self.average is None else (1 - self.alpha) * self.average + self.alpha * x
+        )
         await self.wait_subscribers(SMOOTH)
         smoothed = ArraysPublished(
             seq=ev.seq, policy_version=0, arrays={"x": self.average}, meta={}
@@ -90,8 +92,11 @@ async def in_one_process(count: int) -> None:
     ctl = asyncio.create_task(controller.run())
     await controller.wait_ready()
     kw: dict[str, Any] = {"bind": "inproc://", "controller": controller.address}
-    services = [Printer("printer", count=count, **kw), Smoother("smoother", **kw),
-                Sensor("sensor", count=count, **kw)]
+    services = [
+        Printer("printer", count=count, **kw),
+        Smoother("smoother", **kw),
+        Sensor("sensor", count=count, **kw),
+    ]
     tasks = [asyncio.create_task(s.run()) for s in services]
     await controller.wait_until(lambda c: "printer" in c.reports, timeout=60)
     await controller.shutdown_all("done")

@@ -112,6 +112,12 @@ def float32_frame(n: int = 3) -> bytes:
     return np.arange(n, dtype=np.float32).tobytes()
 
 
+def array_message(ext: object, payload: object = None, **overrides: object) -> list[Any]:
+    """An ArraysPublished message whose one array ``x`` is ``ext``, plus its payload frame."""
+    body = arrays_body({"x": ext}, **overrides)
+    return [header("ArraysPublished", body), float32_frame() if payload is None else payload]
+
+
 def decode_error(frames: list[Any], c: Codec | None = None) -> BadFrame:
     with pytest.raises(BadFrame) as info:
         (c or codec._default_codec).decode(frames)
@@ -213,8 +219,7 @@ def test_encode_puts_the_header_first_and_one_frame_per_array() -> None:
 
 def test_a_handmade_header_in_the_documented_layout_decodes() -> None:
     """Sanity check of the helpers the BadFrame tests build their malformed input from."""
-    frames = [header("ArraysPublished", arrays_body({"x": array_ext("<f4", [3], 1)})),
-              float32_frame()]
+    frames = array_message(array_ext("<f4", [3], 1))
     ev = decode(frames)
     assert isinstance(ev, ArraysPublished)
     np.testing.assert_array_equal(ev.arrays["x"], np.arange(3, dtype=np.float32))
@@ -354,8 +359,7 @@ def test_decode_of_a_bytes_frame_gives_a_read_only_view_of_it() -> None:
 
 def test_decode_of_a_memoryview_slice_does_not_copy() -> None:
     backing = bytearray(b"\x00" * 8 + np.arange(4, dtype=np.int32).tobytes() + b"\x00" * 8)
-    frames = [header("ArraysPublished", arrays_body({"x": array_ext("<i4", [4], 1)})),
-              memoryview(backing)[8:24]]
+    frames = array_message(array_ext("<i4", [4], 1), memoryview(backing)[8:24])
     out = decode(frames).arrays["x"]  # type: ignore[attr-defined]
     np.testing.assert_array_equal(out, [0, 1, 2, 3])
     assert np.shares_memory(out, np.frombuffer(backing, dtype=np.uint8))
@@ -477,29 +481,25 @@ def test_unknown_event_type_is_bad_frame_unknown_event_type(type_name: object) -
 
 @pytest.mark.parametrize("dtype", ["O", "<U4", "nonsense", "", "S3", "V8", "M8[ns]", "f4,f4", 7])
 def test_wrong_dtype_string_is_bad_frame_bad_dtype(dtype: object) -> None:
-    frames = [header("ArraysPublished", arrays_body({"x": array_ext(dtype, [3], 1)})),
-              float32_frame()]
+    frames = array_message(array_ext(dtype, [3], 1))
     assert decode_error(frames).reason == "bad_dtype"
 
 
 @pytest.mark.parametrize("shape", [[-1], ["3"], [1.5], 3, None, [True]])
 def test_invalid_shape_is_bad_frame_bad_shape(shape: object) -> None:
-    frames = [header("ArraysPublished", arrays_body({"x": array_ext("<f4", shape, 1)})),
-              float32_frame()]
+    frames = array_message(array_ext("<f4", shape, 1))
     assert decode_error(frames).reason == "bad_shape"
 
 
 @pytest.mark.parametrize("shape", [[4], [2, 2], [], [0], [1, 3, 1, 2]])
 def test_shape_and_frame_size_mismatch_is_bad_frame_size_mismatch(shape: list[int]) -> None:
-    frames = [header("ArraysPublished", arrays_body({"x": array_ext("<f4", shape, 1)})),
-              float32_frame(3)]
+    frames = array_message(array_ext("<f4", shape, 1), float32_frame(3))
     assert decode_error(frames).reason == "size_mismatch"
 
 
 @pytest.mark.parametrize("index", [0, 2, 99, -1, "1", 1.0, None])
 def test_out_of_range_frame_index_is_bad_frame_bad_frame_index(index: object) -> None:
-    frames = [header("ArraysPublished", arrays_body({"x": array_ext("<f4", [3], index)})),
-              float32_frame()]
+    frames = array_message(array_ext("<f4", [3], index))
     assert decode_error(frames).reason == "bad_frame_index"
 
 
@@ -525,16 +525,16 @@ def test_unreferenced_extra_frames_are_bad_frame_unreferenced_frames() -> None:
     ],
 )
 def test_malformed_array_descriptor_is_bad_frame_malformed_array(ext: msgpack.ExtType) -> None:
-    frames = [header("ArraysPublished", arrays_body({"x": ext})), float32_frame()]
+    frames = array_message(ext)
     assert decode_error(frames).reason == "malformed_array"
 
 
 def test_frame_over_max_frame_bytes_is_refused_on_decode() -> None:
-    c = Codec(max_frame_bytes=64)
-    frames = encode(arrays_event(x=np.zeros(65, np.uint8)))
+    c = Codec(max_frame_bytes=128)  # the header of these messages is ~70 bytes
+    frames = encode(arrays_event(x=np.zeros(129, np.uint8)))
     err = decode_error(frames, c)
     assert err.reason == "frame_too_large"
-    ok = encode(arrays_event(x=np.zeros(64, np.uint8)))
+    ok = encode(arrays_event(x=np.zeros(128, np.uint8)))
     assert isinstance(c.decode(ok), ArraysPublished)
 
 
@@ -604,9 +604,20 @@ def test_a_field_of_the_wrong_type_is_bad_frame_bad_field_type(
 
 
 def test_an_array_where_a_scalar_is_expected_is_bad_frame_bad_field_type() -> None:
-    frames = [header("ArraysPublished", arrays_body({}, seq=array_ext("<f4", [3], 1))),
-              float32_frame()]
+    frames = [
+        header("ArraysPublished", arrays_body({}, seq=array_ext("<f4", [3], 1))),
+        float32_frame(),
+    ]
     assert decode_error(frames).reason == "bad_field_type"
+
+
+def test_meta_nested_twenty_levels_deep_still_round_trips() -> None:
+    """Whatever nesting bound the decoder applies must leave room for real metadata."""
+    value: Any = {"leaf": (1, "x")}
+    for level in range(20):
+        value = {f"level{level}": (value,)} if level % 2 else {f"level{level}": value}
+    ev = ArraysPublished(seq=1, policy_version=1, arrays={}, meta=value)
+    assert_same(ev, round_trip(ev))
 
 
 def test_deeply_nested_meta_is_bad_frame_not_recursion_error() -> None:
@@ -660,8 +671,7 @@ def test_a_pickle_payload_in_a_foreign_extension_is_refused_unopened(code: int) 
 
 def test_a_pickle_payload_as_array_bytes_is_never_unpickled() -> None:
     _UNPICKLED.clear()
-    frames = [header("ArraysPublished", arrays_body({"x": array_ext("|O", [1], 1)})),
-              pickle.dumps(_Tripwire())]
+    frames = array_message(array_ext("|O", [1], 1), pickle.dumps(_Tripwire()))
     assert decode_error(frames).reason == "bad_dtype"
     assert _UNPICKLED == []
 
@@ -773,10 +783,10 @@ wire_values = st.recursive(
     | st.builds(
         array_ext,
         st.sampled_from(["<f4", "|u1", "|b1", "<c8", "O", "<U2", "bogus"]),
-        st.lists(st.integers(-1, 4), max_size=3) | st.integers(),
+        st.lists(st.integers(-1, 4), max_size=3) | st.integers(-(2**63), 2**63 - 1),
         st.integers(-1, 4),
     )
-    | st.builds(msgpack.ExtType, st.integers(-128, 127), st.binary(max_size=8)),
+    | st.builds(msgpack.ExtType, st.integers(0, 127), st.binary(max_size=8)),
     lambda children: (
         st.lists(children, max_size=3)
         | st.dictionaries(st.text(max_size=4) | st.sampled_from(_FIELD_NAMES), children, max_size=3)

@@ -17,7 +17,10 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "pubsub.py"
 def test_pubsub_example_delivers_every_reading(args: list[str]) -> None:
     out = subprocess.run(
         [sys.executable, str(EXAMPLE), "--count", "120", *args],
-        capture_output=True, text=True, timeout=120, check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
     ).stdout
     assert "printer: reading 100:" in out
     if args:

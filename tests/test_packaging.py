@@ -27,7 +27,17 @@ def _python(code: str, cwd: Path, env: dict[str, str] | None = None) -> str:
 def test_a_regular_install_puts_transports_and_algorithms_under_tianji(tmp_path: Path) -> None:
     site = tmp_path / "site"
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(ROOT)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--target",
+            str(site),
+            str(ROOT),
+        ],
         check=True,
     )
     assert (site / "tianji" / "transports" / "tcp.py").is_file()

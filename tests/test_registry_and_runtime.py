@@ -37,7 +37,9 @@ def third_party_package(tmp_path: Path) -> Iterator[None]:
     dist = tmp_path / "tianji_loop-1.0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: tianji-loop\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text("[tianji.transports]\nloop = tianji_loop:LoopTransport\n")
+    (dist / "entry_points.txt").write_text(
+        "[tianji.transports]\nloop = tianji_loop:LoopTransport\n"
+    )
     sys.path.insert(0, str(tmp_path))
     importlib.invalidate_caches()
     try:
@@ -56,7 +58,9 @@ def test_in_tree_transports_are_registered() -> None:
     assert transports.for_address("tcp://127.0.0.1:1").scheme == "tcp"
 
 
-def test_a_third_party_transport_is_found_through_its_entry_point(third_party_package: None) -> None:
+def test_a_third_party_transport_is_found_through_its_entry_point(
+    third_party_package: None,
+) -> None:
     assert "loop" in transports.names()
     transport = transports.for_address("loop://x")
     assert transport.scheme == "loop"

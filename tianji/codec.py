@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgpack
 import numpy as np
 
 from tianji.errors import BadFrame
-from tianji.events import Event, EventInfo, event_types
+from tianji.events import Event, EventInfo, event_info
 
 __all__ = ["DEFAULT_MAX_FRAME_BYTES", "Codec", "decode", "encode", "message_nbytes"]
 
@@ -74,10 +74,16 @@ class Codec:
             TypeError: if ``ev`` is not a registered event or holds an unencodable value.
             BadFrame: if a frame would exceed ``max_frame_bytes``.
         """
-        info = event_types().get(getattr(ev, "TYPE", ""))
+        info = event_info(getattr(ev, "TYPE", ""))
         if info is None or not isinstance(ev, info.cls):
             raise TypeError(f"cannot encode {ev!r}: not an event declared with @event")
         body = {name: getattr(ev, name) for name in info.fields}
+        for name, check in _field_checks(info):  # refuse here what the peer would refuse
+            if not check(body[name], _MAX_DEPTH):
+                raise TypeError(
+                    f"cannot encode {info.name}.{name}={_short(body[name])}: "
+                    f"expected {info.hints[name]}"
+                )
         self._buffers = []
         try:
             header = self._packer.pack([WIRE_VERSION, info.name, body])
@@ -96,6 +102,8 @@ class Codec:
 
     def _default(self, obj: object) -> object:
         if isinstance(obj, np.ndarray):
+            if isinstance(obj, np.ma.MaskedArray):
+                raise TypeError("cannot encode a masked array (the mask would be lost)")
             if obj.dtype.kind not in _ALLOWED_KINDS or obj.dtype.fields is not None:
                 raise TypeError(f"cannot encode array of dtype {obj.dtype} (numeric dtypes only)")
             # (np.ascontiguousarray would turn a 0-d array into a 1-d one)
@@ -153,7 +161,7 @@ class Codec:
         version, type_name, body = header
         if version != WIRE_VERSION:
             raise BadFrame("wire_version", f"version {version!r}, this peer speaks {WIRE_VERSION}")
-        info = event_types().get(type_name) if isinstance(type_name, str) else None
+        info = event_info(type_name) if isinstance(type_name, str) else None
         if info is None:
             raise BadFrame("unknown_event_type", f"event type {type_name!r:.80} is not registered")
         if len(used) != len(views) - 1:
@@ -186,7 +194,8 @@ def _decode_array(data: bytes, views: list[memoryview], used: set[int]) -> np.nd
         and all(type(d) is int and 0 <= d <= _MAX_DIM for d in shape)
     ):
         raise BadFrame(
-            "bad_shape", f"shape {shape!r:.80} is not a tuple of at most {_MAX_NDIM} dims in 0..2**40"
+            "bad_shape",
+            f"shape {shape!r:.80} is not a tuple of at most {_MAX_NDIM} dims in 0..2**40",
         )
     if type(index) is not int or not 1 <= index < len(views) or index in used:
         raise BadFrame("bad_frame_index", f"array frame index {index!r} (frames: {len(views)})")
@@ -211,11 +220,11 @@ def _build(info: EventInfo, body: object) -> Event:
         missing = sorted(set(info.fields) - body.keys())
         extra = sorted(str(k) for k in body.keys() - set(info.fields))
         raise BadFrame("bad_fields", f"{info.name}: missing {missing}, unexpected {extra}")
-    for name in info.fields:
-        if not _conforms(body[name], info.hints[name], _MAX_DEPTH):
+    for name, check in _field_checks(info):
+        if not check(body[name], _MAX_DEPTH):
             raise BadFrame(
                 "bad_field_type",
-                f"{info.name}.{name}={body[name]!r:.80} does not match {info.hints[name]}",
+                f"{info.name}.{name}={_short(body[name])} does not match {info.hints[name]}",
             )
     return info.cls(**body)
 
@@ -223,47 +232,76 @@ def _build(info: EventInfo, body: object) -> Event:
 _PRIMITIVES = (type(None), bool, int, float, str, bytes, np.ndarray)
 
 
-def _conforms(value: object, hint: Any, depth: int) -> bool:
-    """Check a decoded value against a field annotation (the subset events may use).
+Check = Callable[[object, int], bool]
+_checks: dict[type[Event], tuple[tuple[str, Check], ...]] = {}
+
+
+def _field_checks(info: EventInfo) -> tuple[tuple[str, Check], ...]:
+    """Per-field validators of an event class, compiled once from its annotations."""
+    checks = _checks.get(info.cls)
+    if checks is None:
+        checks = tuple((name, _compile(info.hints[name])) for name in info.fields)
+        _checks[info.cls] = checks
+    return checks
+
+
+def _compile(hint: Any) -> Check:
+    """Turn a field annotation into ``check(value, depth) -> bool``.
 
     ``depth`` bounds nesting, so hostile input cannot exhaust the stack.
     """
-    if depth <= 0:
-        return False
     if hint is Any or hint is object:
-        return _is_plain(value, depth)
+        return _is_plain
     origin = typing.get_origin(hint)
     if origin is None:
         if hint is float:
-            return type(value) in (float, int)
+            return lambda v, d: type(v) is float or type(v) is int
         if hint is int:
-            return type(value) is int
-        return isinstance(value, hint)
+            return lambda v, d: type(v) is int
+        if hint is type(None):
+            return lambda v, d: v is None
+        return lambda v, d: isinstance(v, hint)
     args = typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
-        return any(_conforms(value, a, depth) for a in args)
+        options = [_compile(a) for a in args]
+        return lambda v, d: any(c(v, d) for c in options)
     if origin is tuple:
-        if not isinstance(value, tuple):
-            return False
         if len(args) == 2 and args[1] is Ellipsis:
-            return all(_conforms(v, args[0], depth - 1) for v in value)
-        return len(args) == len(value) and all(
-            _conforms(v, a, depth - 1) for v, a in zip(value, args, strict=True)
+            item = _compile(args[0])
+            return lambda v, d: d > 0 and isinstance(v, tuple) and all(item(x, d - 1) for x in v)
+        items = [_compile(a) for a in args]
+        return lambda v, d: (
+            d > 0
+            and isinstance(v, tuple)
+            and len(v) == len(items)
+            and all(c(x, d - 1) for c, x in zip(items, v, strict=True))
         )
     if origin is dict:
-        return isinstance(value, dict) and all(
-            _conforms(k, args[0], depth - 1) and _conforms(v, args[1], depth - 1)
-            for k, v in value.items()
+        key, val = _compile(args[0]), _compile(args[1])
+        return lambda v, d: (
+            d > 0
+            and isinstance(v, dict)
+            and all(key(k, d - 1) and val(x, d - 1) for k, x in v.items())
         )
-    return False
+    raise TypeError(f"event fields cannot be annotated {hint!r}")
+
+
+def _short(value: object) -> str:
+    try:
+        return f"{value!r:.80}"
+    except RecursionError:
+        return f"<deeply nested {type(value).__name__}>"
 
 
 def _is_plain(value: object, depth: int) -> bool:
+    """A value of an ``Any`` field: primitives, numeric numpy scalars, lists/tuples, str maps."""
     if isinstance(value, _PRIMITIVES):
         return True
+    if isinstance(value, (np.bool_, np.number)):
+        return True  # sent as the Python scalar
     if depth <= 0:
         return False
-    if isinstance(value, tuple):
+    if isinstance(value, (tuple, list)):
         return all(_is_plain(v, depth - 1) for v in value)
     if isinstance(value, dict):
         return all(isinstance(k, str) and _is_plain(v, depth - 1) for k, v in value.items())

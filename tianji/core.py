@@ -21,6 +21,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from tianji.errors import BadFrame, ConfigError
+
 __all__ = [
     "Algorithm",
     "Buffer",
@@ -36,6 +38,9 @@ __all__ = [
 
 Frames = Sequence[bytes | bytearray | memoryview]
 """One message on the wire: a header frame followed by zero or more payload frames."""
+
+MAX_FRAMES = 16384
+"""Upper bound of ``Limits.max_frames`` (a message's length prefix must fit a read buffer)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,17 +61,45 @@ class Limits:
     queue_bytes: int = 64 << 20
 
     def __post_init__(self) -> None:
-        from tianji.errors import ConfigError
-
         for name in ("max_frame_bytes", "max_frames", "queue_messages", "queue_bytes"):
             value = getattr(self, name)
             if type(value) is not int or value <= 0:
                 raise ConfigError(f"transport.{name}", value, "a positive integer")
+        if self.max_frames > MAX_FRAMES:
+            raise ConfigError("transport.max_frames", self.max_frames, f"at most {MAX_FRAMES}")
+
+    def check_message(self, frames: Frames) -> tuple[list[memoryview], int]:
+        """Validate an outgoing message before anything is copied or written.
+
+        Returns:
+            The frames as byte memoryviews, and the payload size in bytes.
+
+        Raises:
+            BadFrame: if the message is empty, has too many frames or a frame is too large.
+        """
+        if not frames:
+            raise BadFrame("empty_message", "a message needs at least one frame")
+        if len(frames) > self.max_frames:
+            raise BadFrame("too_many_frames", f"{len(frames)} frames > max {self.max_frames}")
+        views = [memoryview(f).cast("B") for f in frames]
+        size = 0
+        for i, v in enumerate(views):
+            if v.nbytes > self.max_frame_bytes:
+                raise BadFrame(
+                    "frame_too_large", f"frame {i} is {v.nbytes} bytes > max {self.max_frame_bytes}"
+                )
+            size += v.nbytes
+        return views, size
 
 
 @dataclasses.dataclass(slots=True)
 class ConnectionStatistics:
-    """Counters and queue depths of one connection (a snapshot; see ``statistics()``)."""
+    """Counters and queue depths of one connection (a snapshot; see ``statistics()``).
+
+    Messages and bytes count payload frames as the application sees them (no framing
+    overhead): a message counts as sent when ``send`` accepted it and as received when
+    ``recv`` returned it, so both ends of a drained link agree.
+    """
 
     messages_sent: int = 0
     bytes_sent: int = 0

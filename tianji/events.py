@@ -40,6 +40,7 @@ __all__ = [
     "ParamsPublished",
     "WatchTopics",
     "event",
+    "event_info",
     "event_type_of_topic",
     "event_types",
     "topic",
@@ -110,6 +111,11 @@ def event(cls: type[E] | None = None, *, name: str | None = None) -> Any:
 def event_types() -> dict[str, EventInfo]:
     """Return a snapshot of the registered event classes, by wire name."""
     return dict(_REGISTRY)
+
+
+def event_info(name: str) -> EventInfo | None:
+    """The registered event class with wire name ``name``, or ``None`` (no copy)."""
+    return _REGISTRY.get(name)
 
 
 def topic(event_type: type[Event], *scope: str) -> str:

@@ -12,7 +12,7 @@ import asyncio
 import itertools
 
 from tianji.core import ConnectionStatistics, Frames, Limits
-from tianji.errors import BadFrame, BrokenByPeer, ClosedByUs, EndOfStream
+from tianji.errors import BrokenByPeer, ClosedByUs, EndOfStream, TianjiError
 from tianji.queues import BoundedQueue
 
 __all__ = ["InprocConnection", "InprocListener", "InprocTransport"]
@@ -48,19 +48,8 @@ class InprocConnection:
     def _prepare(self, frames: Frames) -> tuple[list[memoryview], int]:
         if self._closed:
             raise ClosedByUs(f"inproc connection to {self._peer_name}")
-        if not frames or len(frames) > self._limits.max_frames:
-            raise BadFrame(
-                "too_many_frames", f"{len(frames)} frames (1..{self._limits.max_frames})"
-            )
-        copies = [memoryview(bytearray(f)) for f in frames]
-        size = 0
-        for i, c in enumerate(copies):
-            if c.nbytes > self._limits.max_frame_bytes:
-                raise BadFrame(
-                    "frame_too_large", f"frame {i}: {c.nbytes} > {self._limits.max_frame_bytes}"
-                )
-            size += c.nbytes
-        return copies, size
+        views, size = self._limits.check_message(frames)  # before any copy
+        return [memoryview(bytearray(v)) for v in views], size
 
     def _count(self, size: int) -> None:
         self._stats.messages_sent += 1
@@ -83,7 +72,14 @@ class InprocConnection:
             raise ClosedByUs(f"inproc connection to {self._peer_name}")
 
     async def recv(self) -> list[memoryview]:
-        frames = await self._inbox.get()
+        try:
+            if self._closed:
+                raise ClosedByUs(f"inproc connection to {self._peer_name}")
+            frames = await self._inbox.get()
+        except TianjiError:
+            if self._closed:  # we closed, maybe while waiting: say so, whatever the peer did
+                raise ClosedByUs(f"inproc connection to {self._peer_name}") from None
+            raise
         self._stats.messages_received += 1
         self._stats.bytes_received += sum(f.nbytes for f in frames)
         return frames
@@ -98,7 +94,8 @@ class InprocConnection:
         if self._closed:
             return
         self._closed = True
-        self._inbox.close(ClosedByUs(f"inproc connection to {self._peer_name}"), discard=True)
+        # The peer sends into our inbox: from its side, we ended the stream (or vanished).
+        self._inbox.close(peer_error, discard=True)
         if self._other is not None:
             self._other._inbox.close(peer_error)
 
@@ -177,7 +174,10 @@ class InprocTransport:
             raise BrokenByPeer(address, "connection refused: nothing listens there")
         await asyncio.sleep(0)  # connecting is a suspension point, as for real transports
         local, remote = InprocConnection.pair(f"inproc-client-{next(_ids)}", address, limits)
-        listener._offer(remote)
+        try:
+            listener._offer(remote)
+        except TianjiError as exc:  # backlog full, or the listener closed meanwhile
+            raise BrokenByPeer(address, f"connection refused: {exc}") from None
         return local
 
 

@@ -24,7 +24,7 @@ from tianji.queues import BoundedQueue
 __all__ = ["TcpConnection", "TcpListener", "TcpTransport", "parse_tcp_address"]
 
 log = logging.getLogger(__name__)
-CLOSE_TIMEOUT = 5.0
+CLOSE_TIMEOUT = 30.0  # how long aclose waits for the peer to read everything and close
 
 
 def parse_tcp_address(address: str) -> tuple[str, int]:
@@ -66,8 +66,7 @@ class _StreamProtocol(asyncio.BufferedProtocol):
         self._writable = asyncio.Event()
         self._writable.set()
         self._reading_paused = False
-        self.bytes_received = 0
-        self.messages_received = 0
+        self.discarded = 0  # messages that arrived after the inbox was closed
 
     # -------------------------------------------------------------- asyncio callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -89,16 +88,13 @@ class _StreamProtocol(asyncio.BufferedProtocol):
         return self.parser.get_buffer()
 
     def buffer_updated(self, nbytes: int) -> None:
-        self.bytes_received += nbytes
         try:
             self.parser.buffer_updated(nbytes)
         except BadFrame as exc:
+            self._deliver()  # complete messages before the bad bytes still count
             self._fail(exc.with_peer(self.peer))
             return
-        for frames, size in self.parser.messages:
-            self.inbox.put_force(frames, size)
-        self.messages_received += len(self.parser.messages)
-        self.parser.messages.clear()
+        self._deliver()
         if self.parser.goodbye:
             self.inbox.close(EndOfStream(self.peer))
         elif self.inbox.full() and not self._reading_paused and self.transport is not None:
@@ -128,6 +124,14 @@ class _StreamProtocol(asyncio.BufferedProtocol):
         self._writable.set()
 
     # -------------------------------------------------------------- helpers
+    def _deliver(self) -> None:
+        if self.inbox.closed:  # closed locally: the application no longer reads
+            self.discarded += len(self.parser.messages)
+        else:
+            for frames, size in self.parser.messages:
+                self.inbox.put_force(frames, size)
+        self.parser.messages.clear()
+
     def _fail(self, error: TianjiError) -> None:
         if self.error is None:
             self.error = error
@@ -138,6 +142,7 @@ class _StreamProtocol(asyncio.BufferedProtocol):
             self.transport.abort()
 
     def after_get(self) -> None:
+        """Resume reading once the inbox has room again (or was closed)."""
         if self._reading_paused and not self.inbox.full() and self.transport is not None:
             self._reading_paused = False
             self.transport.resume_reading()
@@ -149,8 +154,11 @@ class TcpConnection:
     def __init__(self, protocol: _StreamProtocol) -> None:
         self._p = protocol
         self._closed = False
+        self.close_timeout = CLOSE_TIMEOUT
         self.messages_sent = 0
         self.bytes_sent = 0
+        self.messages_received = 0
+        self.bytes_received = 0
 
     @property
     def peer(self) -> str:
@@ -166,20 +174,13 @@ class TcpConnection:
         return self._p.transport
 
     def _write(self, transport: asyncio.Transport, frames: Frames) -> None:
-        limits = self._p.limits
-        if not frames or len(frames) > limits.max_frames:
-            raise BadFrame("too_many_frames", f"{len(frames)} frames (1..{limits.max_frames})")
-        views = [memoryview(f).cast("B") for f in frames]
-        lengths = [v.nbytes for v in views]
-        for i, n in enumerate(lengths):
-            if n > limits.max_frame_bytes:
-                raise BadFrame("frame_too_large", f"frame {i}: {n} > {limits.max_frame_bytes}")
-        transport.write(encode_prefix(lengths))
+        views, size = self._p.limits.check_message(frames)
+        transport.write(encode_prefix([v.nbytes for v in views]))
         for v in views:
             if v.nbytes:
                 transport.write(v)
         self.messages_sent += 1
-        self.bytes_sent += sum(lengths)
+        self.bytes_sent += size
 
     async def send(self, frames: Frames) -> None:
         while True:
@@ -206,6 +207,8 @@ class TcpConnection:
             raise ClosedByUs(f"tcp connection to {self.peer}")
         frames = await self._p.inbox.get()
         self._p.after_get()
+        self.messages_received += 1
+        self.bytes_received += sum(f.nbytes for f in frames)
         return frames
 
     async def aclose(self) -> None:
@@ -213,22 +216,29 @@ class TcpConnection:
         if self._closed:
             return
         self._closed = True
-        transport = self._p.transport
-        if transport is not None and not transport.is_closing():
-            transport.write(GOODBYE)
-            transport.close()  # flushes the write buffer, then closes
         self._p.inbox.close(ClosedByUs(f"tcp connection to {self.peer}"), discard=True)
+        self._p.after_get()  # keep reading (and discarding) so nothing unread triggers a RST
+        transport = self._p.transport
+        if transport is None or transport.is_closing():
+            return
+        # Half-close: goodbye and FIN after everything queued. Closing outright while
+        # unread bytes sit in our receive buffer would send a RST, and a RST makes the
+        # peer's kernel discard data it has not read yet. The peer closes on our FIN.
+        transport.write(GOODBYE)
+        if transport.can_write_eof():
+            transport.write_eof()
         try:
-            await asyncio.wait_for(asyncio.shield(self._p.lost), CLOSE_TIMEOUT)
+            await asyncio.wait_for(asyncio.shield(self._p.lost), self.close_timeout)
         except TimeoutError:
-            if transport is not None:
-                transport.abort()
+            log.warning("%s did not close within %.1fs; closing", self.peer, self.close_timeout)
+            transport.close()
 
     def abort(self) -> None:
         """Close at once without goodbye: the peer sees :class:`BrokenByPeer`."""
         self._closed = True
         self._p.inbox.close(ClosedByUs(f"tcp connection to {self.peer}"), discard=True)
-        if self._p.transport is not None:
+        # (after a flushing close, 3.11's transport may be gone without knowing it)
+        if self._p.transport is not None and not self._p.lost.done():
             self._p.transport.abort()
 
     def statistics(self) -> ConnectionStatistics:
@@ -236,8 +246,8 @@ class TcpConnection:
         return ConnectionStatistics(
             messages_sent=self.messages_sent,
             bytes_sent=self.bytes_sent,
-            messages_received=self._p.messages_received,
-            bytes_received=self._p.bytes_received,
+            messages_received=self.messages_received,
+            bytes_received=self.bytes_received,
             send_queue_messages=0,
             send_queue_bytes=t.get_write_buffer_size() if t is not None else 0,
             recv_queue_messages=len(self._p.inbox),
