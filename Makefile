@@ -26,7 +26,7 @@ test-fast: setup
 
 lint: setup
 	$(VENV)/bin/ruff check tianji transports algorithms tests examples
-	MYPY=$(VENV)/bin/mypy tools/typecheck
+	MYPY=$(abspath $(VENV))/bin/mypy tools/typecheck
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -24,7 +24,7 @@ from tianji.queues import BoundedQueue
 __all__ = ["TcpConnection", "TcpListener", "TcpTransport", "parse_tcp_address"]
 
 log = logging.getLogger(__name__)
-CLOSE_TIMEOUT = 30.0  # how long aclose waits for the peer to read everything and close
+CLOSE_TIMEOUT = 10.0  # how long aclose waits for the peer to read everything and close
 
 
 def parse_tcp_address(address: str) -> tuple[str, int]:
