@@ -24,6 +24,8 @@ from tianji.queues import BoundedQueue
 __all__ = ["TcpConnection", "TcpListener", "TcpTransport", "parse_tcp_address"]
 
 log = logging.getLogger(__name__)
+_LARGE = 16 << 10  # frames this big are written as memoryviews, not copied into the cork
+_CORK_LIMIT = 256 << 10  # corked bytes are flushed at once beyond this
 CLOSE_TIMEOUT = 10.0  # how long aclose waits for the peer to read everything and close
 
 
@@ -154,6 +156,8 @@ class TcpConnection:
     def __init__(self, protocol: _StreamProtocol) -> None:
         self._p = protocol
         self._closed = False
+        self._cork = bytearray()
+        self._flush_scheduled = False
         self.close_timeout = CLOSE_TIMEOUT
         self.messages_sent = 0
         self.bytes_sent = 0
@@ -174,13 +178,39 @@ class TcpConnection:
         return self._p.transport
 
     def _write(self, transport: asyncio.Transport, frames: Frames) -> None:
+        """Queue one message: small parts are corked, large frames go out as they are.
+
+        Small messages sent in one loop iteration leave in one write (one syscall); a
+        frame of ``_LARGE`` bytes or more is handed to the transport as a memoryview, so
+        a numpy payload is never concatenated or copied on the way to the socket.
+        """
         views, size = self._p.limits.check_message(frames)
-        transport.write(encode_prefix([v.nbytes for v in views]))
+        out = self._cork
+        out += encode_prefix([v.nbytes for v in views])
         for v in views:
-            if v.nbytes:
+            if v.nbytes >= _LARGE:
+                self._flush()
                 transport.write(v)
+                out = self._cork
+            else:
+                out += v
+        if len(out) >= _CORK_LIMIT:
+            self._flush()
+        elif out and not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
         self.messages_sent += 1
         self.bytes_sent += size
+
+    def _flush(self) -> None:
+        """Hand the corked bytes to the transport (a fresh buffer replaces them)."""
+        self._flush_scheduled = False
+        if not self._cork:
+            return
+        out, self._cork = self._cork, bytearray()
+        transport = self._p.transport
+        if transport is not None and not transport.is_closing():
+            transport.write(out)
 
     async def send(self, frames: Frames) -> None:
         while True:
@@ -197,6 +227,7 @@ class TcpConnection:
         self._write(transport, frames)
 
     async def drain(self) -> None:
+        self._flush()
         while not self._p._writable.is_set():
             self._check_open()
             await self._p._writable.wait()
@@ -224,7 +255,8 @@ class TcpConnection:
         # Half-close: goodbye and FIN after everything queued. Closing outright while
         # unread bytes sit in our receive buffer would send a RST, and a RST makes the
         # peer's kernel discard data it has not read yet. The peer closes on our FIN.
-        transport.write(GOODBYE)
+        self._cork += GOODBYE
+        self._flush()
         if transport.can_write_eof():
             transport.write_eof()
         try:
@@ -236,6 +268,7 @@ class TcpConnection:
     def abort(self) -> None:
         """Close at once without goodbye: the peer sees :class:`BrokenByPeer`."""
         self._closed = True
+        self._cork = bytearray()
         self._p.inbox.close(ClosedByUs(f"tcp connection to {self.peer}"), discard=True)
         # (after a flushing close, 3.11's transport may be gone without knowing it)
         if self._p.transport is not None and not self._p.lost.done():
