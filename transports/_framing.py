@@ -99,6 +99,8 @@ class FrameParser:
             elif len(self._frames) == len(self._lengths):
                 self.messages.append((self._frames, self._size))
                 self._lengths, self._frames, self._size = None, [], 0
+            elif not self._frames and self._size <= avail and self._size < _DIRECT_THRESHOLD:
+                self._take_whole_message()
             else:
                 if not self._parse_frame(avail, self._lengths[len(self._frames)]):
                     return
@@ -133,6 +135,17 @@ class FrameParser:
         self._lengths = lengths
         self._size = sum(lengths)
         return True
+
+    def _take_whole_message(self) -> None:
+        """A small message that is all in the buffer: one copy, frames are slices of it."""
+        assert self._lengths is not None
+        size = self._size
+        block = memoryview(bytearray(self._view[self._start : self._start + size]))
+        offset = 0
+        for n in self._lengths:
+            self._frames.append(block[offset : offset + n])
+            offset += n
+        self._start += size
 
     def _parse_frame(self, avail: int, length: int) -> bool:
         if avail >= length:
