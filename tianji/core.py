@@ -26,6 +26,7 @@ from tianji.errors import BadFrame, ConfigError
 __all__ = [
     "Algorithm",
     "Buffer",
+    "BufferSpec",
     "Connection",
     "ConnectionStatistics",
     "Frames",
@@ -34,6 +35,7 @@ __all__ = [
     "Service",
     "ServiceState",
     "Transport",
+    "UpdateResult",
 ]
 
 Frames = Sequence[bytes | bytearray | memoryview]
@@ -231,28 +233,84 @@ class Service(Protocol):
     def stop(self, reason: str) -> None: ...
 
 
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class BufferSpec:
+    """The buffer an algorithm wants; the buffer service builds it.
+
+    Attributes:
+        kind: ``"replay"`` (uniform), ``"prioritized"`` (proportional, with importance
+            weights and priority updates from the learner) or ``"rollout"`` (FIFO of whole
+            trajectory fragments, for on-policy learning).
+        capacity: transitions (replay kinds) or fragments (rollout) kept at most; the
+            oldest are evicted and counted.
+        batch_size: transitions per learner batch (replay kinds) or fragments per batch
+            (rollout; they are concatenated along the env axis).
+        min_size: stored items needed before the first batch is handed out.
+        alpha: priority exponent (prioritized only).
+        beta: importance-weight exponent (prioritized only).
+    """
+
+    kind: str
+    capacity: int
+    batch_size: int
+    min_size: int = 0
+    alpha: float = 0.6
+    beta: float = 0.4
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class UpdateResult:
+    """What one learner update returns.
+
+    Attributes:
+        metrics: scalars to log (``loss``, ``entropy``, ...).
+        priorities: new priorities for the sampled transitions (prioritized replay), in
+            the order of the batch, or ``None``.
+    """
+
+    metrics: dict[str, float]
+    priorities: np.ndarray | None = None
+
+
 @runtime_checkable
 class Algorithm(Protocol):
-    """RL math in one object: no asyncio, transports or processes inside.
+    """RL math in one object: no asyncio, transports, processes or logging inside.
+
+    An algorithm is one file in ``algorithms/`` (or a third-party module registered under
+    the entry-point group ``tianji.algorithms``) defining a config dataclass ``Config`` and
+    a class with this interface. The same object runs on actors (``act``,
+    ``postprocess``, ``set_weights``) and on the learner (``update``, ``get_weights``).
 
     Usage (what the actor and learner services do)::
 
-        algo = registry.get("dqn")(config, observation_space, action_space)
-        out = algo.act(obs_batch, explore=True)      # {"action": ..., maybe "logp", "value"}
-        metrics = algo.update(sample_batch)          # {"loss": ..., ...}
-        weights = algo.get_weights()                 # published as ParamsPublished
-        other.set_weights(weights)                   # actors load the learner's weights
+        cls = tianji.algorithms.get("ppo")
+        problem = cls.check_spaces(obs_space, action_space)   # None or an error message
+        algo = cls(cls.Config(), obs_space, action_space, seed=0, device="auto")
+        out = algo.act(obs_batch, explore=True)     # {"action": [N,...], + extras to store}
+        samples = algo.postprocess(fragment)        # actor side, numpy only (e.g. n-step)
+        result = algo.update(batch)                 # learner side -> UpdateResult
+        weights = algo.get_weights()                # published as ParamsPublished
+        actor_algo.set_weights(weights, version)    # version drives e.g. epsilon schedules
+
+    A *fragment* is what an actor collected with N envs over T steps: arrays shaped
+    ``[T, N, ...]`` named ``obs``, ``action``, ``reward``, ``terminated``, ``truncated``,
+    ``next_obs`` (the true next observation, also at episode ends) plus every extra key
+    ``act`` returned (e.g. ``logp``, ``value``).
     """
 
     name: str
 
     def act(self, obs: np.ndarray, *, explore: bool) -> dict[str, np.ndarray]: ...
 
-    def update(self, batch: Mapping[str, np.ndarray]) -> dict[str, float]: ...
+    def postprocess(self, fragment: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+    def update(self, batch: Mapping[str, np.ndarray]) -> UpdateResult: ...
 
     def get_weights(self) -> dict[str, np.ndarray]: ...
 
-    def set_weights(self, weights: Mapping[str, np.ndarray]) -> None: ...
+    def set_weights(self, weights: Mapping[str, np.ndarray], version: int) -> None: ...
+
+    def buffer_spec(self) -> BufferSpec: ...
 
 
 @runtime_checkable
@@ -261,9 +319,10 @@ class Buffer(Protocol):
 
     Usage::
 
-        buf.add({"obs": o, "action": a, ...}, policy_version=7)
-        batch = buf.sample(256)          # None while too little data is stored
-        stats = buf.statistics()         # {"size": ..., "inserted": ..., "evicted": ...}
+        buf.add({"obs": o, "action": a, ...}, policy_version=7)   # returns items added
+        batch = buf.sample(256)   # None while fewer than min_size items are stored
+        buf.update_priorities(batch["index"], new_priorities)       # prioritized only
+        stats = buf.statistics()  # {"size": ..., "inserted": ..., "evicted": ...}
     """
 
     def add(self, arrays: Mapping[str, np.ndarray], *, policy_version: int) -> int: ...
