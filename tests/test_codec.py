@@ -30,13 +30,17 @@ from tianji.codec import ARRAY_EXT, WIRE_VERSION, Codec, decode, encode
 from tianji.errors import BadFrame
 from tianji.events import (
     ArraysPublished,
+    BatchRequested,
+    EpisodesFinished,
     Event,
     Heartbeat,
     ParamsPublished,
     PauseProduction,
+    PrioritiesUpdated,
     PublishersChanged,
     RegisterService,
     ResumeProduction,
+    SampleBatch,
     ServiceRegistered,
     ServiceReported,
     Shutdown,
@@ -149,8 +153,28 @@ def sample_events() -> list[Event]:
             role="learner",
             state="running",
             counters={"updates": 12, "negative": -3, "max": 2**63 - 1},
+            gauges={"loss": 0.25, "lr": 3e-4},
             queue_depths={},
             sent_at=1712345678.25,
+        ),
+        EpisodesFinished(
+            actor="actor-1",
+            policy_version=3,
+            returns=np.array([10.0, 200.0], np.float32),
+            lengths=np.array([10, 200], np.int64),
+            env_steps=4096,
+        ),
+        BatchRequested(learner="learner-0", count=2, learner_version=17),
+        SampleBatch(
+            batch_id=5,
+            policy_version=17,
+            arrays={"obs": np.ones((4, 3), np.float32), "action": np.arange(4)},
+            policy_versions=np.array([15, 16, 16, 17], np.int64),
+        ),
+        PrioritiesUpdated(
+            policy_version=17,
+            indices=np.array([3, 9], np.int64),
+            priorities=np.array([0.5, 1.5], np.float32),
         ),
         ServiceReported(
             name="learner-0",
@@ -432,7 +456,7 @@ def test_empty_header_frame_is_bad_frame_malformed_header() -> None:
 
 def test_every_truncation_of_a_header_is_bad_frame_malformed_header() -> None:
     full = bytes(encode(Heartbeat(
-        name="n", role="r", state="s", counters={"a": 1}, queue_depths={"q": 2}, sent_at=1.5
+        name="n", role="r", state="s", counters={"a": 1}, gauges={}, queue_depths={"q": 2}, sent_at=1.5
     ))[0])  # fmt: skip
     for cut in range(1, len(full)):
         err = decode_error([full[:cut]])

@@ -76,6 +76,7 @@ class Controller(Service):
         self.run_id = run_id or uuid.uuid4().hex[:12]
         self.registry: dict[str, ServiceRecord] = {}
         self.reports: dict[str, ServiceReported] = {}
+        self.heartbeats: dict[str, Heartbeat] = {}  # latest per service, kept after it leaves
         self._watchers: dict[str, set[Connection]] = {}
 
     # ------------------------------------------------------------------ queries
@@ -127,6 +128,7 @@ class Controller(Service):
         elif isinstance(ev, Heartbeat):
             record = self.registry.get(ev.name)
             if record is not None and record.conn is conn:
+                self.heartbeats[ev.name] = ev
                 record.last_heartbeat = ev
                 record.last_seen = time.monotonic()
                 self._notify()

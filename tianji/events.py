@@ -25,13 +25,17 @@ import numpy as np
 
 __all__ = [
     "ArraysPublished",
+    "BatchRequested",
+    "EpisodesFinished",
     "Event",
     "EventInfo",
     "Heartbeat",
     "PauseProduction",
+    "PrioritiesUpdated",
     "PublishersChanged",
     "RegisterService",
     "ResumeProduction",
+    "SampleBatch",
     "ServiceRegistered",
     "ServiceReported",
     "Shutdown",
@@ -198,6 +202,7 @@ class Heartbeat(Event):
     role: str
     state: str
     counters: dict[str, int]
+    gauges: dict[str, float]
     queue_depths: dict[str, int]
     sent_at: float
 
@@ -260,3 +265,45 @@ class ParamsPublished(Event):
 
     policy_version: int
     weights: dict[str, np.ndarray]
+
+
+@event
+class EpisodesFinished(Event):
+    """Fact: an actor's envs finished episodes (training episodes, exploration on)."""
+
+    actor: str
+    policy_version: int
+    returns: np.ndarray
+    lengths: np.ndarray
+    env_steps: int
+
+
+@event
+class BatchRequested(Event):
+    """Command a buffer to send ``count`` more sample batches to the learner.
+
+    ``learner_version`` lets the buffer drop samples older than ``max_policy_lag``.
+    """
+
+    learner: str
+    count: int
+    learner_version: int
+
+
+@event
+class SampleBatch(Event):
+    """Fact: a buffer handed out a batch; ``policy_versions`` are the samples' versions."""
+
+    batch_id: int
+    policy_version: int
+    arrays: dict[str, np.ndarray]
+    policy_versions: np.ndarray
+
+
+@event
+class PrioritiesUpdated(Event):
+    """Fact: the learner computed new priorities for sampled replay slots."""
+
+    policy_version: int
+    indices: np.ndarray
+    priorities: np.ndarray

@@ -135,6 +135,7 @@ class Service:
         self.options = options or ServiceOptions()
         self.address = ""
         self.counters: collections.Counter[str] = collections.Counter()
+        self.gauges: dict[str, float] = {}
         self.stop_reason = ""
         self.run_id = ""
         self._state = ServiceState.CREATED
@@ -258,6 +259,13 @@ class Service:
     async def on_peer_closed(self, conn: Connection) -> None:
         """Called when an accepted connection ends (for any reason)."""
 
+    async def on_subscribed(self, conn: Connection, topics: Sequence[str]) -> None:
+        """Called when a peer subscribes to ``topics`` (e.g. to send it the latest state)."""
+
+    async def send_to_subscriber(self, conn: Connection, ev: Event, topic_name: str) -> None:
+        """Send one event to one subscriber connection (see :meth:`on_subscribed`)."""
+        await conn.send(self._frames(ev, topic_name))
+
     async def on_control(self, ev: Event) -> None:
         """Handle a command from the controller other than the runtime's own."""
         log.warning("%s: unhandled control event %s", self.name, ev.TYPE)
@@ -280,6 +288,7 @@ class Service:
             role=self.role,
             state=self._state.value,
             counters=dict(self.counters),
+            gauges=dict(self.gauges),
             queue_depths=self.queue_depths(),
             sent_at=time.time(),
         )
@@ -466,6 +475,7 @@ class Service:
                     for name in ev.topics:
                         self._subscribers.setdefault(name, set()).add(conn)
                     self._notify()
+                    await self.on_subscribed(conn, ev.topics)
                 else:
                     await self.on_request(ev, conn)
         except BadFrame as exc:

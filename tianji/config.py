@@ -1,0 +1,240 @@
+"""Run configuration: small frozen dataclasses loaded from TOML, with ``--set`` overrides.
+
+A run config file looks like ``examples/cartpole_ppo.toml``::
+
+    algorithm = "ppo"
+    seed = 0
+    transport = "tcp"          # inproc (one process) | tcp | shm
+
+    [env]
+    id = "CartPole-v1"
+
+    [actors]
+    count = 2
+    envs_per_actor = 4
+    fragment_length = 128
+
+    [algo]                     # the algorithm's own Config fields
+    learning_rate = 2.5e-4
+
+Unknown keys are errors naming the key and the allowed ones; values are type-checked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import tomllib
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tianji.errors import ConfigError
+
+__all__ = [
+    "ActorConfig",
+    "EnvConfig",
+    "LearnerConfig",
+    "RunConfig",
+    "StopConfig",
+    "apply_overrides",
+    "build_dataclass",
+    "load_config",
+    "to_dict",
+]
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class EnvConfig:
+    """Which environment the actors step."""
+
+    id: str = "CartPole-v1"
+    """A gymnasium id, or ``package.module:Class`` / ``path/file.py:Class`` of an env class."""
+    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Keyword arguments for the env constructor."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ActorConfig:
+    """Actor processes and what each collects."""
+
+    count: int = 2
+    """Actor services (one process each)."""
+    envs_per_actor: int = 4
+    """Environments each actor steps as one vector env."""
+    fragment_length: int = 128
+    """Steps per env in one trajectory fragment sent to the buffer."""
+
+    def __post_init__(self) -> None:
+        _positive("actors", self, ("count", "envs_per_actor", "fragment_length"))
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class LearnerConfig:
+    """The learner service."""
+
+    torch_threads: int = 1
+    """torch intra-op threads of the learner."""
+    device: str = "auto"
+    """"auto" (CUDA when available), "cpu", "cuda", "cuda:1", ..."""
+    prefetch: int = 2
+    """Sample batches requested ahead from the buffer."""
+    publish_interval: int = 1
+    """Publish weights every this many updates."""
+    max_policy_lag: int = 4
+    """On-policy: samples older than this many policy versions are dropped (reason stale)."""
+
+    def __post_init__(self) -> None:
+        _positive("learner", self, ("torch_threads", "prefetch", "publish_interval"))
+        if self.max_policy_lag < 0:
+            raise ConfigError("learner.max_policy_lag", self.max_policy_lag, "an int >= 0")
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class StopConfig:
+    """When a run ends (whichever comes first)."""
+
+    max_env_steps: int | None = None
+    """Total env steps over all actors."""
+    max_seconds: float | None = None
+    """Wall-clock seconds since the run started."""
+    target_return: float | None = None
+    """Stop once the mean return of the last ``window`` training episodes reaches this."""
+    window: int = 20
+    """Episodes in the moving mean for ``target_return`` and ``final_return``."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class RunConfig:
+    """A whole training run."""
+
+    algorithm: str = "ppo"
+    """An algorithm name (``tianji.algorithms.names()``) or ``module:Class``."""
+    seed: int = 0
+    """Base seed; actor i uses seed + 1000 * (i + 1)."""
+    transport: str = "tcp"
+    """inproc (every service in one process), tcp or shm (one process per service)."""
+    name: str = ""
+    """Run name (defaults to algorithm-env)."""
+    env: EnvConfig = dataclasses.field(default_factory=EnvConfig)
+    actors: ActorConfig = dataclasses.field(default_factory=ActorConfig)
+    learner: LearnerConfig = dataclasses.field(default_factory=LearnerConfig)
+    stop: StopConfig = dataclasses.field(default_factory=StopConfig)
+    algo: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Fields of the algorithm's own ``Config`` (checked against it)."""
+
+    def __post_init__(self) -> None:
+        if self.transport not in ("inproc", "tcp", "shm"):
+            raise ConfigError("transport", self.transport, "one of inproc, tcp, shm")
+
+
+def _positive(section: str, obj: object, names: Sequence[str]) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if value < 1:
+            raise ConfigError(f"{section}.{name}", value, "an integer >= 1")
+
+
+def load_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
+    """Read a TOML run config and apply ``section.key=value`` overrides.
+
+    Raises:
+        ConfigError: naming the file, key or value that is wrong.
+    """
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError("config", str(path), "an existing TOML file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("config", str(path), f"valid TOML ({exc})") from None
+    data = apply_overrides(data, overrides)
+    return build_dataclass(RunConfig, data, "")
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Return ``data`` with ``a.b=value`` overrides set; values parse as TOML, else strings."""
+    result = _deep_copy(data)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError("--set", item, "KEY=VALUE, e.g. actors.count=4")
+        try:
+            value = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw
+        node = result
+        parts = key.split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(key, item, f"{part} to be a section")
+            node = child
+        node[parts[-1]] = value
+    return result
+
+
+def _deep_copy(data: dict[str, Any]) -> dict[str, Any]:
+    return {k: _deep_copy(v) if isinstance(v, dict) else v for k, v in data.items()}
+
+
+def build_dataclass(cls: type[Any], data: Mapping[str, Any], prefix: str) -> Any:
+    """Build the dataclass ``cls`` from a mapping, checking keys and value types.
+
+    Raises:
+        ConfigError: for an unknown key (naming the allowed ones) or a wrongly typed value.
+    """
+    if not isinstance(data, Mapping):
+        raise ConfigError(prefix or "config", data, "a table of keys")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if key not in fields:
+            close = difflib.get_close_matches(key, list(fields), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(dotted, value, f"one of {sorted(fields)}{hint}")
+        hint_type = hints[key]
+        if dataclasses.is_dataclass(hint_type):
+            kwargs[key] = build_dataclass(hint_type, value, f"{dotted}.")  # type: ignore[arg-type]
+        else:
+            kwargs[key] = check_value(dotted, value, hint_type)
+    return cls(**kwargs)
+
+
+def check_value(key: str, value: Any, hint: Any) -> Any:
+    """Check ``value`` against a field annotation; ints are accepted for floats."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        for option in typing.get_args(hint):
+            try:
+                return check_value(key, value, option)
+            except ConfigError:
+                continue
+        raise ConfigError(key, value, str(hint))
+    if hint is Any:
+        return value
+    if hint is type(None):
+        if value is None:
+            return None
+        raise ConfigError(key, value, "null")
+    if hint is float and type(value) in (int, float):
+        return float(value)
+    if origin is dict:
+        if isinstance(value, dict):
+            return dict(value)
+        raise ConfigError(key, value, "a table")
+    if origin in (list, tuple):
+        if isinstance(value, list):
+            return type(value)(value) if origin is list else tuple(value)
+        raise ConfigError(key, value, "an array")
+    if isinstance(hint, type) and type(value) is hint:
+        return value
+    raise ConfigError(key, value, getattr(hint, "__name__", str(hint)))
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    """A dataclass config as plain data (for the saved, resolved config and summaries)."""
+    return dataclasses.asdict(config)

@@ -1,0 +1,50 @@
+"""Environments: resolve a configured env, make vector envs, read its spaces."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
+from tianji.config import EnvConfig
+from tianji.errors import ConfigError
+
+__all__ = ["env_factory", "env_spaces", "make_vector_env"]
+
+
+def env_factory(config: EnvConfig) -> Callable[[], gym.Env[Any, Any]]:
+    """Return a zero-argument factory for the configured env.
+
+    Raises:
+        ConfigError: naming the env id (with close matches) if it is unknown.
+    """
+    env_id, kwargs = config.id, dict(config.kwargs)
+    if ":" in env_id and env_id not in gym.registry:
+        from tianji.launch.spec import load_factory
+
+        cls = load_factory(env_id)
+        return lambda: cls(**kwargs)  # type: ignore[no-any-return]
+    if env_id not in gym.registry:
+        close = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.5)
+        hint = f"; close matches: {', '.join(close)}" if close else ""
+        raise ConfigError("env.id", env_id, f"a registered gymnasium id{hint}")
+    return lambda: gym.make(env_id, **kwargs)
+
+
+def env_spaces(config: EnvConfig) -> tuple[gym.Space[Any], gym.Space[Any]]:
+    """Make the env once and return its (observation, action) spaces."""
+    env = env_factory(config)()
+    try:
+        return env.observation_space, env.action_space
+    finally:
+        env.close()
+
+
+def make_vector_env(config: EnvConfig, num_envs: int) -> SyncVectorEnv:
+    """``num_envs`` copies stepped together; finished envs reset in the same step, and the
+    true final observation is in ``info["final_obs"]``."""
+    factory = env_factory(config)
+    return SyncVectorEnv([factory] * num_envs, autoreset_mode=AutoresetMode.SAME_STEP)
