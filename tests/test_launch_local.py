@@ -62,6 +62,7 @@ def test_a_child_that_dies_stops_the_run_and_leaves_no_process() -> None:
             child = launcher.children.get("relay-0")
             if child is not None and len(launcher.controller.registry) == 3:
                 time.sleep(0.5)
+                assert child.proc is not None
                 os.kill(child.proc.pid, signal.SIGKILL)
                 return
             time.sleep(0.05)
@@ -71,7 +72,7 @@ def test_a_child_that_dies_stops_the_run_and_leaves_no_process() -> None:
         run_local(launcher)
     assert info.value.service == "relay-0"
     assert "-9" in info.value.reason
-    pids = [c.proc.pid for c in launcher.children.values()]
+    pids = [c.proc.pid for c in launcher.children.values() if c.proc is not None]
     assert wait_gone(pids, 1.0) == []
     assert processes_with_arg("--run", launcher.controller.run_id) == []
 

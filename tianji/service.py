@@ -44,7 +44,7 @@ from typing import Any, ClassVar, TypeVar
 from tianji import transports
 from tianji.codec import Codec
 from tianji.core import Connection, Limits, Listener, ServiceState
-from tianji.errors import BadFrame, ServiceFailed, TianjiError
+from tianji.errors import BadFrame, EndOfStream, ServiceFailed, TianjiError
 from tianji.events import (
     Event,
     Heartbeat,
@@ -345,6 +345,9 @@ class Service:
         """Let subscribers take what is queued, then say goodbye to every peer."""
         for link in self._links.values():
             link.retired = True
+            if link.conn is not None:
+                with contextlib.suppress(TianjiError, TimeoutError):
+                    await asyncio.wait_for(link.conn.aclose(), 1.0)  # goodbye, not a vanish
             if link.task is not None:
                 link.task.cancel()
         subscribers = {c for conns in self._subscribers.values() for c in conns}
@@ -442,8 +445,12 @@ class Service:
                 self._spawn(self._send_control(self._registration()))
 
     def _drop_subscriber(self, conn: Connection, exc: TianjiError) -> None:
-        self.counters["subscribers_lost"] += 1
-        log.warning("%s: subscriber %s lost: %s", self.name, conn.peer, exc)
+        if isinstance(exc, EndOfStream):  # it said goodbye: left, not lost
+            self.counters["subscribers_left"] += 1
+            log.info("%s: subscriber %s left", self.name, conn.peer)
+        else:
+            self.counters["subscribers_lost"] += 1
+            log.warning("%s: subscriber %s lost: %s", self.name, conn.peer, exc)
         for conns in self._subscribers.values():
             conns.discard(conn)
         conn.abort()

@@ -30,9 +30,9 @@ from typing import Any, TextIO
 from tianji.controller import Controller
 from tianji.errors import ConfigError, ServiceFailed
 from tianji.events import ServiceReported
-from tianji.launch.spec import ServiceSpec
+from tianji.launch.spec import ServiceSpec, build_service
 from tianji.runtime import run
-from tianji.service import ServiceOptions
+from tianji.service import Service, ServiceOptions
 
 __all__ = ["LaunchResult", "LocalLauncher", "run_local"]
 
@@ -52,10 +52,57 @@ class LaunchResult:
     elapsed: float
 
 
-@dataclasses.dataclass(slots=True)
 class _Child:
-    spec: ServiceSpec
-    proc: asyncio.subprocess.Process
+    """A launched service: a child process, or a task in this loop (in-process runs)."""
+
+    def __init__(
+        self,
+        spec: ServiceSpec,
+        proc: asyncio.subprocess.Process | None = None,
+        service: Service | None = None,
+    ) -> None:
+        self.spec = spec
+        self.proc = proc
+        self.service = service
+        self.task: asyncio.Task[int] | None = None
+        if service is not None:
+            self.task = asyncio.create_task(self._run_service(service))
+
+    @staticmethod
+    async def _run_service(service: Service) -> int:
+        try:
+            await service.run()
+        except Exception:
+            log.exception("service %s failed", service.name)
+            return 1
+        return 0
+
+    @property
+    def returncode(self) -> int | None:
+        if self.proc is not None:
+            return self.proc.returncode
+        assert self.task is not None
+        if not self.task.done():
+            return None
+        return -9 if self.task.cancelled() else self.task.result()
+
+    async def wait(self) -> int | None:
+        if self.proc is not None:
+            return await self.proc.wait()
+        assert self.task is not None
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(self.task)
+        return self.returncode
+
+    def signal(self, sig: signal.Signals) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(sig)
+        elif self.service is not None and self.task is not None:
+            if sig is signal.SIGKILL:
+                self.task.cancel()
+            else:
+                self.service.stop(f"signal {sig.name}")
 
 
 class LocalLauncher:
@@ -68,6 +115,10 @@ class LocalLauncher:
         controller_bind: where the controller listens.
         progress: called about every ``progress_interval`` seconds (e.g. print a line).
         grace: seconds children get to exit after Shutdown before SIGTERM, then SIGKILL.
+        in_process: run every service as a task in this loop instead of a process each
+            (with ``inproc://`` binds this is the one-process debugging mode).
+        local_services: ``f(controller_address)`` builds extra services (e.g. a monitor)
+            that run in this loop for the whole run.
     """
 
     def __init__(
@@ -81,6 +132,8 @@ class LocalLauncher:
         progress_interval: float = 2.0,
         grace: float = 10.0,
         options: ServiceOptions | None = None,
+        in_process: bool = False,
+        local_services: Callable[[str], Sequence[Service]] | None = None,
     ) -> None:
         names = [s.name for s in specs]
         dupes = sorted({n for n in names if names.count(n) > 1})
@@ -94,6 +147,8 @@ class LocalLauncher:
         self.grace = grace
         self.controller = Controller(bind=controller_bind, options=options)
         self.children: dict[str, _Child] = {}
+        self.in_process = in_process
+        self.local_services = local_services
 
     async def run(self) -> LaunchResult:
         """Start everything, wait for the end, stop everything; see the module docstring.
@@ -109,8 +164,12 @@ class LocalLauncher:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(signal.SIGTERM, stop_signal.set)
         reason = "interrupted"
+        local: list[_Child] = []
         try:
             await _ready_or_failed(self.controller, ctl_task)
+            if self.local_services is not None:
+                for svc in self.local_services(self.controller.address):
+                    local.append(_Child(ServiceSpec(name=svc.name, factory="local:-"), service=svc))
             for spec in self.specs:
                 await self._spawn(spec)
             reason = await self._watch(stop_signal, started)
@@ -120,6 +179,9 @@ class LocalLauncher:
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.remove_signal_handler(signal.SIGTERM)
             codes = await self._stop_all(reason)
+            for child in local:
+                child.signal(signal.SIGTERM)
+                await child.wait()
             self.controller.stop(reason)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(ctl_task, self.grace)
@@ -136,6 +198,9 @@ class LocalLauncher:
 
     async def _spawn(self, spec: ServiceSpec) -> None:
         spec = dataclasses.replace(spec, controller=self.controller.address)
+        if self.in_process:
+            self.children[spec.name] = _Child(spec, service=build_service(spec))
+            return
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
@@ -153,13 +218,13 @@ class LocalLauncher:
         proc.stdin.write(json.dumps(spec.to_json()).encode())
         await proc.stdin.drain()
         proc.stdin.close()
-        self.children[spec.name] = _Child(spec, proc)
+        self.children[spec.name] = _Child(spec, proc=proc)
         log.info("started %s (pid %d)", spec.name, proc.pid)
 
     async def _watch(self, stop_signal: asyncio.Event, started: float) -> str:
         """Return why the run ends: complete, failed NAME ..., timeout or signal."""
         exits: dict[asyncio.Future[Any], str] = {
-            asyncio.ensure_future(c.proc.wait()): n for n, c in self.children.items()
+            asyncio.ensure_future(c.wait()): n for n, c in self.children.items()
         }
         complete = asyncio.ensure_future(self.controller.wait_until(self.until))
         signalled = asyncio.ensure_future(stop_signal.wait())
@@ -183,7 +248,7 @@ class LocalLauncher:
                     return "terminated"
                 for task in done:
                     name = exits.get(task)
-                    code = self.children[name].proc.returncode if name else None
+                    code = self.children[name].returncode if name else None
                     if name is not None and code != 0:
                         return f"failed {name} exited with code {code}"
                 if self.progress and time.monotonic() >= next_progress:
@@ -195,24 +260,21 @@ class LocalLauncher:
 
     async def _stop_all(self, reason: str) -> dict[str, int | None]:
         """Shutdown -> SIGTERM -> SIGKILL; returns every child's exit code."""
-        alive = [c for c in self.children.values() if c.proc.returncode is None]
+        alive = [c for c in self.children.values() if c.returncode is None]
         if alive:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.controller.shutdown_all(reason), self.grace)
             for sig in (None, signal.SIGTERM, signal.SIGKILL):
-                alive = [c for c in alive if c.proc.returncode is None]
+                alive = [c for c in alive if c.returncode is None]
                 if not alive:
                     break
                 if sig is not None:
                     log.warning("sending %s to %s", sig.name, [c.spec.name for c in alive])
                     for child in alive:
-                        with contextlib.suppress(ProcessLookupError):
-                            child.proc.send_signal(sig)
+                        child.signal(sig)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(
-                        asyncio.gather(*(c.proc.wait() for c in alive)), self.grace
-                    )
-        return {n: c.proc.returncode for n, c in self.children.items()}
+                    await asyncio.wait_for(asyncio.gather(*(c.wait() for c in alive)), self.grace)
+        return {n: c.returncode for n, c in self.children.items()}
 
 
 async def _ready_or_failed(controller: Controller, ctl_task: asyncio.Task[None]) -> None:
