@@ -45,6 +45,7 @@ LISTEN_ADDRESSES: dict[str, str] = {
     # Every new transport adds its entry here; a scheme without one is skipped.
     "inproc": "inproc://",
     "tcp": "tcp://127.0.0.1:0",
+    "shm": "shm://",
 }
 
 RawStream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
@@ -55,9 +56,18 @@ async def _open_raw_tcp(address: str) -> RawStream:
     return await asyncio.open_connection(parts.hostname, parts.port)
 
 
+async def _open_raw_shm(address: str) -> RawStream:
+    # The shm handshake runs over an abstract Unix socket (imported late: a transport
+    # that does not import must only skip its own tests).
+    from tianji.transports.shm import socket_address
+
+    return await asyncio.open_unix_connection(socket_address(address).decode())
+
+
 RAW_STREAMS: dict[str, Callable[[str], Awaitable[RawStream]]] = {
     # Transports that run over a byte stream a stranger can write garbage into.
     "tcp": _open_raw_tcp,
+    "shm": _open_raw_shm,
 }
 
 KiB, MiB = 1 << 10, 1 << 20

@@ -22,6 +22,7 @@ Unknown keys are errors naming the key and the allowed ones; values are type-che
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import difflib
 import tomllib
@@ -66,9 +67,17 @@ class ActorConfig:
     """Environments each actor steps as one vector env."""
     fragment_length: int = 128
     """Steps per env in one trajectory fragment sent to the buffer."""
+    max_fragments_per_version: int = 0
+    """An actor sends at most this many fragments per policy version, then waits for newer
+    weights (0: no limit; never before the learner's first update). Keeps actors from
+    producing what would be stale, and off-policy actors from outrunning the learner."""
 
     def __post_init__(self) -> None:
         _positive("actors", self, ("count", "envs_per_actor", "fragment_length"))
+        if self.max_fragments_per_version < 0:
+            raise ConfigError(
+                "actors.max_fragments_per_version", self.max_fragments_per_version, "an int >= 0"
+            )
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -150,7 +159,8 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError("config", str(path), f"valid TOML ({exc})") from None
     data = apply_overrides(data, overrides)
-    return build_dataclass(RunConfig, data, "")
+    config: RunConfig = build_dataclass(RunConfig, data, "")
+    return config
 
 
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
@@ -226,9 +236,10 @@ def check_value(key: str, value: Any, hint: Any) -> Any:
         if isinstance(value, dict):
             return dict(value)
         raise ConfigError(key, value, "a table")
-    if origin in (list, tuple):
-        if isinstance(value, list):
-            return type(value)(value) if origin is list else tuple(value)
+    if origin in (list, tuple, collections.abc.Sequence):
+        if isinstance(value, (list, tuple)):
+            items = [check_value(f"{key}[]", v, (typing.get_args(hint) or (Any,))[0]) for v in value]
+            return list(items) if origin is list else tuple(items)
         raise ConfigError(key, value, "an array")
     if isinstance(hint, type) and type(value) is hint:
         return value

@@ -26,7 +26,7 @@ def env_factory(config: EnvConfig) -> Callable[[], gym.Env[Any, Any]]:
         from tianji.launch.spec import load_factory
 
         cls = load_factory(env_id)
-        return lambda: cls(**kwargs)  # type: ignore[no-any-return]
+        return lambda: cls(**kwargs)
     if env_id not in gym.registry:
         close = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.5)
         hint = f"; close matches: {', '.join(close)}" if close else ""

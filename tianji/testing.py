@@ -16,7 +16,7 @@ __all__ = ["free_tcp_port", "processes_with_arg", "run_async", "LISTEN_ADDRESSES
 
 T = TypeVar("T")
 
-LISTEN_ADDRESSES = {"inproc": "inproc://", "tcp": "tcp://127.0.0.1:0"}
+LISTEN_ADDRESSES = {"inproc": "inproc://", "tcp": "tcp://127.0.0.1:0", "shm": "shm://"}
 """A listen address per transport scheme for tests (port 0 / auto name)."""
 
 

@@ -26,6 +26,7 @@ ENTRY_POINT_GROUP = "tianji.transports"
 _BUILTIN: dict[str, str] = {
     "inproc": "tianji.transports.inproc:InprocTransport",
     "tcp": "tianji.transports.tcp:TcpTransport",
+    "shm": "tianji.transports.shm:ShmTransport",
 }
 _factories: dict[str, Callable[[], Transport]] = {}
 _instances: dict[str, Transport] = {}

@@ -1,0 +1,146 @@
+"""Small torch helpers shared by the in-tree algorithms: device pick, MLPs, weights as numpy.
+
+Nothing here knows about RL; an algorithm file stays readable top to bottom and imports
+only these few building blocks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from tianji.errors import ConfigError
+
+__all__ = [
+    "as_hidden",
+    "box_obs_problem",
+    "flat_dim",
+    "load_numpy_weights",
+    "mlp",
+    "numpy_weights",
+    "obs_tensor",
+    "pick_device",
+    "seeded_init",
+]
+
+
+def pick_device(device: str) -> torch.device:
+    """Resolve ``"auto"`` to CUDA when available, else CPU; pass other names through.
+
+    Raises:
+        ConfigError: if ``device`` is not a valid torch device name.
+    """
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return torch.device(device)
+    except RuntimeError as exc:
+        raise ConfigError("device", device, '"auto", "cpu", "cuda" or "cuda:N"') from exc
+
+
+def box_obs_problem(observation_space: Any) -> str | None:
+    """``None`` if ``observation_space`` is a ``gymnasium.spaces.Box``, else why not."""
+    from gymnasium import spaces
+
+    if not isinstance(observation_space, spaces.Box):
+        return (
+            f"observation space {observation_space!r} is not supported: "
+            "a gymnasium.spaces.Box is needed (it is flattened to a vector)"
+        )
+    return None
+
+
+def flat_dim(shape: Sequence[int]) -> int:
+    """Number of elements of one item of ``shape`` (1 for a scalar shape)."""
+    return int(math.prod(shape))
+
+
+def as_hidden(key: str, value: Sequence[int]) -> tuple[int, ...]:
+    """Validate hidden layer sizes given as a list or tuple (TOML gives lists).
+
+    Raises:
+        ConfigError: if a size is not a positive integer.
+    """
+    sizes = tuple(value)
+    if any(type(s) is not int or s <= 0 for s in sizes):
+        raise ConfigError(key, value, "a list of positive integers")
+    return sizes
+
+
+def mlp(
+    in_dim: int,
+    hidden: Sequence[int],
+    out_dim: int,
+    *,
+    activation: type[nn.Module] = nn.ReLU,
+    out_gain: float | None = None,
+) -> nn.Sequential:
+    """A multi-layer perceptron ``in_dim -> hidden... -> out_dim``.
+
+    Args:
+        activation: the nonlinearity after every hidden layer.
+        out_gain: when given, every layer gets orthogonal init (hidden gain sqrt(2), output
+            gain ``out_gain``) and zero biases, as in PPO implementations; when ``None``
+            torch's default init is kept.
+    """
+    layers: list[nn.Module] = []
+    sizes = [in_dim, *hidden]
+    for a, b in itertools.pairwise(sizes):
+        layers += [_linear(a, b, math.sqrt(2) if out_gain is not None else None), activation()]
+    layers.append(_linear(sizes[-1], out_dim, out_gain))
+    return nn.Sequential(*layers)
+
+
+def _linear(a: int, b: int, gain: float | None) -> nn.Linear:
+    layer = nn.Linear(a, b)
+    if gain is not None:
+        nn.init.orthogonal_(layer.weight, gain)
+        nn.init.zeros_(layer.bias)
+    return layer
+
+
+@contextlib.contextmanager
+def seeded_init(seed: int) -> Iterator[None]:
+    """Build networks from ``seed`` inside this block without touching torch's global RNG."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
+def obs_tensor(obs: np.ndarray, device: torch.device) -> torch.Tensor:
+    """``obs [B, ...]`` as a float32 ``[B, D]`` tensor on ``device``."""
+    flat = np.asarray(obs).reshape(len(obs), -1)
+    return torch.as_tensor(flat, dtype=torch.float32, device=device)
+
+
+def numpy_weights(module: nn.Module) -> dict[str, np.ndarray]:
+    """A module's parameters and buffers as contiguous numpy copies, keyed by state-dict name."""
+    return {
+        k: np.ascontiguousarray(v.detach().cpu().numpy()).copy()
+        for k, v in module.state_dict().items()
+    }
+
+
+def load_numpy_weights(module: nn.Module, weights: Mapping[str, np.ndarray]) -> None:
+    """Load weights made by :func:`numpy_weights` (all keys must match).
+
+    Raises:
+        ValueError: naming missing or unexpected keys, or a shape mismatch.
+    """
+    own = module.state_dict()
+    missing, extra = sorted(own.keys() - weights.keys()), sorted(weights.keys() - own.keys())
+    if missing or extra:
+        raise ValueError(f"weights do not match the network: missing {missing}, extra {extra}")
+    with torch.no_grad():
+        for k, v in own.items():
+            src = torch.as_tensor(np.asarray(weights[k]))
+            if tuple(src.shape) != tuple(v.shape):
+                raise ValueError(f"weight {k}: shape {tuple(src.shape)} != {tuple(v.shape)}")
+            v.copy_(src)

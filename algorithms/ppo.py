@@ -1,0 +1,468 @@
+"""PPO: clipped surrogate, GAE(lambda), minibatch epochs; discrete and continuous actions.
+
+Read top to bottom: the config, the pure math (GAE, the losses, the Gaussian log-density),
+the actor-critic network, then the :class:`PPO` object the actor and learner services drive.
+
+* Actors call ``act``: it returns the ``action`` to step the env with (clipped to a Box's
+  bounds) plus the extras stored in the fragment: ``logp``, ``value`` and, for Box
+  actions, ``raw_action`` (the unclipped Gaussian sample whose ``logp`` it is).
+* The learner calls ``update`` on ``[T, N*K]`` batches of K fragments. Values for GAE are
+  recomputed with the current critic (``V(obs)`` and ``V(next_obs)``), so GAE bootstraps
+  from the true next observation at truncations and fragment ends, and not at
+  terminations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from tianji.algorithms._nets import (
+    as_hidden,
+    box_obs_problem,
+    flat_dim,
+    load_numpy_weights,
+    mlp,
+    numpy_weights,
+    obs_tensor,
+    pick_device,
+    seeded_init,
+)
+from torch import nn
+
+from tianji.core import BufferSpec, UpdateResult
+from tianji.errors import ConfigError
+
+__all__ = [
+    "PPO",
+    "ActorCritic",
+    "PPOConfig",
+    "clipped_surrogate_loss",
+    "gae",
+    "gaussian_entropy",
+    "gaussian_log_prob",
+    "value_loss",
+]
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class PPOConfig:
+    """Hyperparameters of :class:`PPO` (defaults tuned for CartPole-v1)."""
+
+    lr: float = 2.5e-4
+    """Adam learning rate."""
+    lr_anneal_updates: int = 0
+    """Learner updates over which the learning rate decays linearly to 0 (0: constant)."""
+    gamma: float = 0.99
+    """Discount factor per environment step."""
+    gae_lambda: float = 0.95
+    """GAE lambda: 0 is one-step TD, 1 is Monte Carlo."""
+    reward_scale: float = 1.0
+    """Rewards are multiplied by this before GAE (keeps value targets near unit scale)."""
+    fragments_per_batch: int = 1
+    """Fragments (each ``[T, N]``) concatenated along the env axis into one learner batch."""
+    buffer_capacity: int = 8
+    """Fragments the rollout buffer keeps at most (the oldest are dropped)."""
+    update_epochs: int = 4
+    """Passes over each batch."""
+    num_minibatches: int = 4
+    """Minibatches per epoch."""
+    clip_coef: float = 0.2
+    """Surrogate clip range: the ratio is kept in ``[1 - clip, 1 + clip]``."""
+    clip_value_loss: bool = True
+    """Clip the value update around the pre-update values by ``clip_coef`` too."""
+    vf_coef: float = 0.5
+    """Weight of the value loss."""
+    ent_coef: float = 0.01
+    """Weight of the entropy bonus."""
+    max_grad_norm: float = 0.5
+    """Gradient-norm clip per minibatch step."""
+    norm_adv: bool = True
+    """Normalize advantages per minibatch."""
+    target_kl: float | None = None
+    """Stop the epochs early once the approximate KL exceeds this (``None``: never)."""
+    hidden: Sequence[int] = (64, 64)
+    """Hidden layer sizes of the actor and critic MLPs."""
+    shared_network: bool = False
+    """One torso for actor and critic (two heads) instead of two separate MLPs."""
+    init_log_std: float = 0.0
+    """Initial log standard deviation of the Gaussian policy (Box actions)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "hidden", as_hidden("algorithm.hidden", self.hidden))
+        for key in ("fragments_per_batch", "buffer_capacity", "update_epochs", "num_minibatches"):
+            if type(getattr(self, key)) is not int or getattr(self, key) <= 0:
+                raise ConfigError(f"algorithm.{key}", getattr(self, key), "a positive integer")
+        if self.buffer_capacity < self.fragments_per_batch:
+            raise ConfigError(
+                "algorithm.buffer_capacity", self.buffer_capacity, "at least fragments_per_batch"
+            )
+        for key in ("gamma", "gae_lambda"):
+            if not 0.0 <= getattr(self, key) <= 1.0:
+                raise ConfigError(f"algorithm.{key}", getattr(self, key), "a number in [0, 1]")
+
+
+# --------------------------------------------------------------------------- pure math
+
+
+def gae(
+    reward: np.ndarray,
+    value: np.ndarray,
+    next_value: np.ndarray,
+    terminated: np.ndarray,
+    truncated: np.ndarray,
+    gamma: float,
+    lam: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Generalized advantage estimates and returns over ``[T, M]`` arrays.
+
+    ``delta_t = r_t + gamma * V(next_obs_t) * (1 - terminated_t) - V(obs_t)`` bootstraps
+    at truncations and at the fragment end, never at terminations; the recursion
+    ``A_t = delta_t + gamma * lam * A_{t+1}`` is cut wherever an episode ended.
+
+    Returns:
+        ``(advantages, returns)`` with ``returns = advantages + value``, float32.
+    """
+    term = np.asarray(terminated, dtype=bool)
+    cont = ~(term | np.asarray(truncated, dtype=bool))
+    delta = reward + gamma * np.where(term, 0.0, next_value) - value
+    adv = np.zeros(np.shape(reward), dtype=np.float64)
+    running = np.zeros(np.shape(reward)[1:], dtype=np.float64)
+    for t in reversed(range(len(adv))):
+        running = delta[t] + gamma * lam * cont[t] * running
+        adv[t] = running
+    return adv.astype(np.float32), (adv + value).astype(np.float32)
+
+
+def clipped_surrogate_loss(
+    logp: torch.Tensor, old_logp: torch.Tensor, advantage: torch.Tensor, clip: float
+) -> torch.Tensor:
+    """PPO's policy loss ``mean(max(-A r, -A clip(r, 1 - clip, 1 + clip)))``, ``r = p / p_old``."""
+    ratio = (logp - old_logp).exp()
+    unclipped = -advantage * ratio
+    clipped = -advantage * ratio.clamp(1.0 - clip, 1.0 + clip)
+    return torch.max(unclipped, clipped).mean()
+
+
+def value_loss(
+    value: torch.Tensor, old_value: torch.Tensor, returns: torch.Tensor, clip: float | None
+) -> torch.Tensor:
+    """``0.5 * mean((V - R)^2)``; with ``clip``, the max with the clipped-update error."""
+    err = (value - returns) ** 2
+    if clip is not None:
+        clipped = old_value + (value - old_value).clamp(-clip, clip)
+        err = torch.max(err, (clipped - returns) ** 2)
+    return 0.5 * err.mean()
+
+
+def gaussian_log_prob(
+    action: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor
+) -> torch.Tensor:
+    """Log-density of a diagonal Gaussian, summed over the last axis."""
+    z = (action - mean) * torch.exp(-log_std)
+    return (-0.5 * z**2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+
+
+def gaussian_entropy(log_std: torch.Tensor) -> torch.Tensor:
+    """Entropy of a diagonal Gaussian, summed over the last axis."""
+    return (log_std + 0.5 * math.log(2 * math.pi * math.e)).sum(-1)
+
+
+def _flat(x: np.ndarray) -> np.ndarray:
+    """``[T, M, ...]`` to ``[T*M, ...]``."""
+    arr = np.asarray(x)
+    return arr.reshape(arr.shape[0] * arr.shape[1], *arr.shape[2:])
+
+
+# --------------------------------------------------------------------------- network
+
+
+class ActorCritic(nn.Module):
+    """Policy head (logits or Gaussian mean) and value head over separate or shared MLPs."""
+
+    def __init__(self, in_dim: int, out_dim: int, config: PPOConfig, *, continuous: bool) -> None:
+        super().__init__()
+        hidden = tuple(config.hidden)
+        self.torso: nn.Module | None = None
+        if config.shared_network:
+            self.torso = mlp(in_dim, hidden[:-1], hidden[-1], activation=nn.Tanh, out_gain=2**0.5)
+            self.torso.append(nn.Tanh())
+            self.actor = mlp(hidden[-1], (), out_dim, out_gain=0.01)
+            self.critic = mlp(hidden[-1], (), 1, out_gain=1.0)
+        else:
+            self.actor = mlp(in_dim, hidden, out_dim, activation=nn.Tanh, out_gain=0.01)
+            self.critic = mlp(in_dim, hidden, 1, activation=nn.Tanh, out_gain=1.0)
+        self.log_std = (
+            nn.Parameter(torch.full((out_dim,), config.init_log_std)) if continuous else None
+        )
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(policy head output [B, A], value [B])`` for flat ``obs [B, D]``."""
+        x = obs if self.torso is None else self.torso(obs)
+        return self.actor(x), self.critic(x).squeeze(-1)
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        """``V(obs) [B]``."""
+        x = obs if self.torso is None else self.torso(obs)
+        out: torch.Tensor = self.critic(x).squeeze(-1)
+        return out
+
+
+# --------------------------------------------------------------------------- algorithm
+
+
+class PPO:
+    """Proximal policy optimization (see :class:`PPOConfig`).
+
+    Usage::
+
+        algo = PPO(PPO.Config(), env.observation_space, env.action_space, seed=0)
+        out = algo.act(obs, explore=True)   # {"action", "logp", "value"(, "raw_action")}
+        result = algo.update(batch)         # batch: K fragments concatenated, [T, N*K, ...]
+    """
+
+    name = "ppo"
+    Config = PPOConfig
+
+    @staticmethod
+    def check_spaces(observation_space: Any, action_space: Any) -> str | None:
+        """``None`` if PPO supports the spaces, else a message naming the unsupported one."""
+        from gymnasium import spaces
+
+        if not isinstance(action_space, spaces.Discrete | spaces.Box):
+            return (
+                f"PPO needs a gymnasium.spaces.Discrete or Box action space, got {action_space!r}"
+            )
+        if isinstance(action_space, spaces.Box) and not np.all(
+            np.isfinite(action_space.low) & np.isfinite(action_space.high)
+        ):
+            return f"PPO needs a bounded Box action space, got {action_space!r}"
+        return box_obs_problem(observation_space)
+
+    def __init__(
+        self,
+        config: PPOConfig,
+        observation_space: Any,
+        action_space: Any,
+        *,
+        seed: int = 0,
+        device: str = "auto",
+    ) -> None:
+        problem = self.check_spaces(observation_space, action_space)
+        if problem is not None:
+            raise ConfigError("algorithm.spaces", (observation_space, action_space), problem)
+        from gymnasium import spaces
+
+        self.config = config
+        self.device = pick_device(device)
+        self.continuous = isinstance(action_space, spaces.Box)
+        self.action_shape: tuple[int, ...] = tuple(action_space.shape or ())
+        self.action_start = 0 if self.continuous else int(action_space.start)
+        out_dim = flat_dim(self.action_shape) if self.continuous else int(action_space.n)
+        if self.continuous:
+            self.low = np.asarray(action_space.low, dtype=np.float32)
+            self.high = np.asarray(action_space.high, dtype=np.float32)
+        self.version = 0
+        self.rng = np.random.default_rng(seed)
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        with seeded_init(seed):
+            self.net = ActorCritic(
+                flat_dim(observation_space.shape), out_dim, config, continuous=self.continuous
+            ).to(self.device)
+        self.optimizer = torch.optim.Adam(self.net.parameters(), lr=config.lr, eps=1e-5)
+
+    # ----------------------------------------------------------------- actor side
+
+    def act(self, obs: np.ndarray, *, explore: bool) -> dict[str, np.ndarray]:
+        """Sample (``explore``) or take the mode of the policy for ``obs [N, ...]``."""
+        with torch.no_grad():
+            head, value = self.net(obs_tensor(obs, self.device))
+            if self.continuous:
+                raw, logp = self._sample_gaussian(head, explore)
+            else:
+                raw, logp = self._sample_categorical(head, explore)
+        out = {
+            "logp": logp.cpu().numpy().astype(np.float32),
+            "value": value.cpu().numpy().astype(np.float32),
+        }
+        if self.continuous:
+            raw_np = raw.cpu().numpy().astype(np.float32).reshape(len(raw), *self.action_shape)
+            out["raw_action"] = raw_np
+            out["action"] = np.clip(raw_np, self.low, self.high)
+        else:
+            out["action"] = raw.cpu().numpy().astype(np.int64) + self.action_start
+        return out
+
+    def _sample_gaussian(
+        self, mean: torch.Tensor, explore: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self.net.log_std is not None
+        log_std = self.net.log_std.expand_as(mean)
+        action = mean
+        if explore:
+            noise = torch.randn(mean.shape, generator=self.generator, device=self.device)
+            action = mean + noise * log_std.exp()
+        return action, gaussian_log_prob(action, mean, log_std)
+
+    def _sample_categorical(
+        self, logits: torch.Tensor, explore: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        log_probs = torch.log_softmax(logits, dim=-1)
+        if explore:
+            action = torch.multinomial(log_probs.exp(), 1, generator=self.generator).squeeze(1)
+        else:
+            action = logits.argmax(dim=-1)
+        return action, log_probs.gather(1, action[:, None]).squeeze(1)
+
+    def postprocess(self, fragment: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The fragment unchanged except for compact dtypes (float32 floats, bool flags)."""
+        out: dict[str, np.ndarray] = {}
+        for key, value in fragment.items():
+            arr = np.asarray(value)
+            if key in ("terminated", "truncated"):
+                arr = arr.astype(bool)
+            elif arr.dtype == np.float64:
+                arr = arr.astype(np.float32)
+            out[key] = arr
+        return out
+
+    def get_weights(self) -> dict[str, np.ndarray]:
+        """Actor and critic weights (actors report values too) as contiguous numpy arrays."""
+        return numpy_weights(self.net)
+
+    def set_weights(self, weights: Mapping[str, np.ndarray], version: int) -> None:
+        """Load weights published by the learner at ``version`` updates."""
+        load_numpy_weights(self.net, weights)
+        self.version = version
+
+    def buffer_spec(self) -> BufferSpec:
+        """A FIFO of fragments; ``fragments_per_batch`` of them make one learner batch."""
+        c = self.config
+        return BufferSpec(
+            kind="rollout",
+            capacity=c.buffer_capacity,
+            batch_size=c.fragments_per_batch,
+            min_size=c.fragments_per_batch,
+        )
+
+    # ----------------------------------------------------------------- learner side
+
+    def update(self, batch: Mapping[str, np.ndarray]) -> UpdateResult:
+        """GAE over the ``[T, M]`` batch, then ``update_epochs`` passes of minibatch steps."""
+        c = self.config
+        flat = self._prepare(batch)
+        size = len(flat["adv"])
+        mb_size = max(1, size // c.num_minibatches)
+        self._anneal_lr()
+        totals: dict[str, float] = {}
+        steps = 0
+        for _ in range(c.update_epochs):
+            order = self.rng.permutation(size)
+            for start in range(0, size - mb_size + 1, mb_size):
+                mb = {k: v[order[start : start + mb_size]] for k, v in flat.items()}
+                for k, v in self._minibatch_step(mb).items():
+                    totals[k] = totals.get(k, 0.0) + v
+                steps += 1
+            if c.target_kl is not None and totals["approx_kl"] / steps > c.target_kl:
+                break
+        self.version += 1
+        metrics = {k: v / steps for k, v in totals.items()}
+        metrics.update(self._batch_metrics(flat), lr=self.optimizer.param_groups[0]["lr"])
+        return UpdateResult(metrics=metrics)
+
+    def _prepare(self, batch: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        """Recompute values, run GAE and flatten ``[T, M, ...]`` to ``[T*M, ...]`` tensors."""
+        c, dev = self.config, self.device
+        reward = np.asarray(batch["reward"], dtype=np.float64) * c.reward_scale
+        obs = obs_tensor(_flat(batch["obs"]), dev)
+        with torch.no_grad():
+            value = self.net.value(obs)
+            next_value = self.net.value(obs_tensor(_flat(batch["next_obs"]), dev))
+        adv, ret = gae(
+            reward,
+            value.cpu().numpy().astype(np.float64).reshape(reward.shape),
+            next_value.cpu().numpy().astype(np.float64).reshape(reward.shape),
+            batch["terminated"],
+            batch["truncated"],
+            c.gamma,
+            c.gae_lambda,
+        )
+        if self.continuous:
+            raw = _flat(batch["raw_action"]).reshape(len(obs), -1)
+            action = torch.as_tensor(raw, dtype=torch.float32, device=dev)
+        else:
+            index = _flat(batch["action"]).astype(np.int64) - self.action_start
+            action = torch.as_tensor(index, device=dev)
+
+        def tensor(x: np.ndarray) -> torch.Tensor:
+            return torch.as_tensor(_flat(x), dtype=torch.float32, device=dev)
+
+        return {
+            "obs": obs,
+            "action": action,
+            "old_logp": tensor(batch["logp"]),
+            "behaviour_value": tensor(batch["value"]),
+            "old_value": value,
+            "adv": tensor(adv),
+            "ret": tensor(ret),
+        }
+
+    def _minibatch_step(self, mb: Mapping[str, torch.Tensor]) -> dict[str, float]:
+        c = self.config
+        logp, entropy, value = self._evaluate(mb["obs"], mb["action"])
+        adv = mb["adv"]
+        if c.norm_adv and len(adv) > 1:
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        pg_loss = clipped_surrogate_loss(logp, mb["old_logp"], adv, c.clip_coef)
+        clip_v = c.clip_coef if c.clip_value_loss else None
+        v_loss = value_loss(value, mb["old_value"], mb["ret"], clip_v)
+        ent = entropy.mean()
+        loss = pg_loss + c.vf_coef * v_loss - c.ent_coef * ent
+        self.optimizer.zero_grad(set_to_none=True)
+        torch.autograd.backward(loss)
+        nn.utils.clip_grad_norm_(self.net.parameters(), c.max_grad_norm)
+        self.optimizer.step()
+        with torch.no_grad():
+            log_ratio = logp - mb["old_logp"]
+            approx_kl = ((log_ratio.exp() - 1) - log_ratio).mean()
+            clip_frac = ((log_ratio.exp() - 1).abs() > c.clip_coef).float().mean()
+        return {
+            "loss": float(loss.item()),
+            "policy_loss": float(pg_loss.item()),
+            "value_loss": float(v_loss.item()),
+            "entropy": float(ent.item()),
+            "approx_kl": float(approx_kl.item()),
+            "clip_frac": float(clip_frac.item()),
+        }
+
+    def _evaluate(
+        self, obs: torch.Tensor, action: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(logp(action), entropy, value)`` under the current network."""
+        head, value = self.net(obs)
+        if self.continuous:
+            assert self.net.log_std is not None
+            log_std = self.net.log_std.expand_as(head)
+            return gaussian_log_prob(action, head, log_std), gaussian_entropy(log_std), value
+        log_probs = torch.log_softmax(head, dim=-1)
+        logp = log_probs.gather(1, action.long()[:, None]).squeeze(1)
+        entropy = -(log_probs.exp() * log_probs).sum(-1)
+        return logp, entropy, value
+
+    def _anneal_lr(self) -> None:
+        c = self.config
+        if c.lr_anneal_updates > 0:
+            frac = max(0.0, 1.0 - self.version / c.lr_anneal_updates)
+            self.optimizer.param_groups[0]["lr"] = c.lr * frac
+
+    def _batch_metrics(self, flat: Mapping[str, torch.Tensor]) -> dict[str, float]:
+        """Diagnostics over the whole batch: explained variance, behaviour-value drift."""
+        ret, old_value = flat["ret"], flat["old_value"]
+        var = ret.var().item()
+        explained = float("nan") if var == 0 else 1.0 - (ret - old_value).var().item() / var
+        drift = (flat["behaviour_value"] - old_value).abs().mean().item()
+        return {"explained_variance": explained, "value_drift": float(drift)}

@@ -1,0 +1,125 @@
+"""Child processes of the benchmark: :func:`spawn_peer` and :class:`Peer`.
+
+The peer (``python -m tianji.bench.peer``) gets its job as JSON on stdin, never pickle,
+and prints its result as one JSON line on stdout. Leaving :func:`spawn_peer` stops the
+child on every path (success, error, timeout, Ctrl-C); the child also dies with this
+process (``PR_SET_PDEATHSIG``, which is why it must be spawned from the main thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Awaitable
+from typing import IO, Any, TypeVar
+
+from tianji.bench.measure import BenchError, BenchTimeout
+from tianji.bench.peer import Job
+
+__all__ = ["Peer", "spawn_peer"]
+
+T = TypeVar("T")
+STOP_TIMEOUT = 3.0  # after SIGTERM, before SIGKILL
+
+
+class Peer:
+    """A running ``tianji.bench.peer`` child (see :func:`spawn_peer`)."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, stderr: IO[bytes]) -> None:
+        self.proc = proc
+        self._stderr = stderr
+
+    def failure(self) -> str:
+        """The exit code and the last line the peer wrote to stderr."""
+        self._stderr.seek(0)
+        lines = self._stderr.read().decode(errors="replace").strip().splitlines()
+        return f"peer exited {self.proc.returncode}: {lines[-1] if lines else '(no output)'}"
+
+    async def guard(self, aw: Awaitable[T], timeout: float, what: str) -> T:
+        """Await ``aw``, unless the peer fails or ``timeout`` seconds pass first.
+
+        Raises:
+            BenchError: naming ``what`` and the peer's last words or the timeout.
+        """
+        task = asyncio.ensure_future(aw)
+        exited = asyncio.ensure_future(self.proc.wait())
+        try:
+            done, _ = await asyncio.wait(
+                {task, exited}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+            if task in done and task.exception() is not None:
+                # a broken link usually means the peer died: wait a moment for its reason
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(exited), 1.0)
+            if exited.done() and self.proc.returncode != 0:
+                raise BenchError(f"{what}: {self.failure()}")
+            if task in done:
+                return task.result()
+            if not done:
+                raise BenchTimeout(f"{what} timed out after {timeout:g} s")
+            return await asyncio.wait_for(task, timeout)  # the peer is done: let the task end
+        finally:
+            for fut in (task, exited):
+                fut.cancel()
+
+    async def result(self, timeout: float) -> Any:
+        """The JSON document the peer printed, once it exited.
+
+        Raises:
+            BenchError: if it failed, printed no JSON or took longer than ``timeout``.
+        """
+        assert self.proc.stdout is not None
+        try:
+            out = await asyncio.wait_for(self.proc.stdout.read(), timeout)
+            await asyncio.wait_for(self.proc.wait(), timeout)
+        except TimeoutError:
+            raise BenchTimeout(f"the peer gave no result within {timeout:g} s") from None
+        if self.proc.returncode != 0:
+            raise BenchError(self.failure())
+        lines = out.decode(errors="replace").strip().splitlines()
+        try:
+            return json.loads(lines[-1])
+        except (IndexError, ValueError):
+            raise BenchError(f"the peer printed {out[-200:]!r}, not a JSON result") from None
+
+
+@contextlib.asynccontextmanager
+async def spawn_peer(job: Job) -> AsyncIterator[Peer]:
+    """Start ``python -m tianji.bench.peer`` with ``job`` as JSON on its stdin.
+
+    The child dies with this process (``PR_SET_PDEATHSIG``, set by the peer); leaving the
+    context terminates it if it still runs (then kills it after :data:`STOP_TIMEOUT`).
+    """
+    with tempfile.TemporaryFile() as stderr:
+        proc = await asyncio.create_subprocess_exec(
+            *(sys.executable, "-m", "tianji.bench.peer", "--parent", str(os.getpid())),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=stderr,
+        )
+        try:
+            assert proc.stdin is not None
+            proc.stdin.write(json.dumps(job.to_json()).encode())
+            with contextlib.suppress(ConnectionError):  # a dead peer is reported by guard()
+                await proc.stdin.drain()
+            proc.stdin.close()
+            yield Peer(proc, stderr)
+        finally:
+            await _stop(proc)
+
+
+async def _stop(proc: asyncio.subprocess.Process) -> None:
+    if proc.returncode is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        proc.terminate()
+    try:
+        await asyncio.wait_for(proc.wait(), STOP_TIMEOUT)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()

@@ -1,0 +1,43 @@
+"""The RL services: actor, buffer, learner, params (one file each).
+
+Each is a thin :class:`~tianji.service.Service` shell around pure logic (an algorithm from
+:mod:`tianji.algorithms`, a buffer from :mod:`tianji.buffers`); they talk only through the
+events in :mod:`tianji.events`. Topics they use are named here, once.
+"""
+
+from __future__ import annotations
+
+from tianji.events import (
+    BatchRequested,
+    EpisodesFinished,
+    ParamsPublished,
+    PrioritiesUpdated,
+    SampleBatch,
+    TrajectoryCollected,
+    topic,
+)
+
+__all__ = [
+    "BATCHES",
+    "EPISODES",
+    "LATEST_PARAMS",
+    "LEARNER_PARAMS",
+    "PRIORITIES",
+    "REQUESTS",
+    "TRAJECTORIES",
+]
+
+TRAJECTORIES = topic(TrajectoryCollected)
+"""Actors -> buffer: trajectory fragments (post-processed by the algorithm)."""
+EPISODES = topic(EpisodesFinished)
+"""Actors -> monitor: finished training episodes and env-step counts."""
+LEARNER_PARAMS = topic(ParamsPublished)
+"""Learner -> params service: every new weight version."""
+LATEST_PARAMS = topic(ParamsPublished, "latest")
+"""Params service -> actors: the latest weights, sent at once to every new subscriber."""
+REQUESTS = topic(BatchRequested)
+"""Learner -> buffer: credit for more sample batches."""
+BATCHES = topic(SampleBatch)
+"""Buffer -> learner: sample batches."""
+PRIORITIES = topic(PrioritiesUpdated)
+"""Learner -> buffer: new priorities for prioritized replay."""

@@ -1,0 +1,115 @@
+"""The buffer service: stores what actors produce, hands batches to the learner on request.
+
+Pure sampling logic lives in :mod:`tianji.buffers`; this shell moves events. It never
+sends a batch the learner did not ask for (credit from :class:`BatchRequested`), so the
+learner's bounded queue is never overrun; on-policy fragments older than
+``max_policy_lag`` versions are dropped (counted as ``dropped/stale``).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import numpy as np
+
+from tianji.buffers import RolloutBuffer, make_buffer
+from tianji.core import BufferSpec
+from tianji.events import BatchRequested, PrioritiesUpdated, SampleBatch, TrajectoryCollected
+from tianji.service import Service
+from tianji.services import BATCHES, PRIORITIES, REQUESTS, TRAJECTORIES
+from tianji.services.common import parse_run_config
+
+__all__ = ["BufferService"]
+
+
+class BufferService(Service):
+    """Replay (uniform / prioritized) or rollout FIFO, as the algorithm's spec says.
+
+    Args:
+        name: service name.
+        config: the run config as JSON data.
+        buffer_spec: the algorithm's :class:`BufferSpec` fields.
+    """
+
+    role = "buffer"
+
+    def __init__(
+        self, name: str, *, config: dict[str, Any], buffer_spec: dict[str, Any], **kwargs: Any
+    ) -> None:
+        super().__init__(name, publishes=[BATCHES], **kwargs)
+        self.config = parse_run_config(config)
+        self.spec = BufferSpec(**buffer_spec)
+        self.buffer = make_buffer(self.spec, seed=self.config.seed)
+        self.credit = 0
+        self.learner_version = 0
+        self._ids = itertools.count()
+        self.subscribe(TRAJECTORIES, self.on_trajectory)
+        self.subscribe(REQUESTS, self.on_request_batches)
+        self.subscribe(PRIORITIES, self.on_priorities)
+
+    async def on_trajectory(self, ev: TrajectoryCollected) -> None:
+        steps = _transitions(ev.arrays)
+        self.buffer.add(ev.arrays, policy_version=ev.policy_version)
+        self.counters["samples_inserted"] += steps
+        self._count_evictions()
+        await self._serve()
+
+    async def on_request_batches(self, ev: BatchRequested) -> None:
+        self.credit += ev.count
+        self.learner_version = max(self.learner_version, ev.learner_version)
+        await self._serve()
+
+    async def on_priorities(self, ev: PrioritiesUpdated) -> None:
+        update = getattr(self.buffer, "update_priorities", None)
+        if update is None:
+            self.counters["priorities_ignored"] += int(ev.indices.size)
+            return
+        ignored = update(ev.indices, ev.priorities)
+        self.counters["priorities_stale"] += int(ignored)
+
+    async def _serve(self) -> None:
+        while self.credit > 0:
+            self._drop_stale()
+            batch = self.buffer.sample(self.spec.batch_size)
+            if batch is None:
+                return
+            versions = batch.pop("policy_version").astype(np.int64)
+            if isinstance(self.buffer, RolloutBuffer):  # per env column -> per transition
+                versions = np.tile(versions, next(iter(batch.values())).shape[0])
+            self.credit -= 1
+            self.counters["batches_sent"] += 1
+            self.gauges["size"] = float(len(self.buffer))
+            await self.publish(
+                SampleBatch(
+                    batch_id=next(self._ids),
+                    policy_version=self.learner_version,
+                    arrays=batch,
+                    policy_versions=versions,
+                ),
+                BATCHES,
+            )
+
+    def _drop_stale(self) -> None:
+        if not isinstance(self.buffer, RolloutBuffer):
+            return
+        oldest = self.learner_version - self.config.learner.max_policy_lag
+        dropped = self.buffer.drop_older_than(oldest)
+        if dropped:
+            self.counters["dropped/stale"] += dropped
+
+    def _count_evictions(self) -> None:
+        stats = self.buffer.statistics()
+        evicted = int(stats["evicted"])
+        if isinstance(self.buffer, RolloutBuffer):
+            self.counters["dropped/evicted"] = self.buffer.evicted_transitions
+        else:
+            self.counters["dropped/evicted"] = evicted
+        self.gauges["size"] = float(stats["size"])
+
+
+def _transitions(arrays: dict[str, np.ndarray]) -> int:
+    """Transitions in a post-processed fragment: ``T*N`` for ``[T, N, ...]`` rollouts."""
+    first = next(iter(arrays.values()))
+    reward = arrays.get("reward", first)
+    return int(reward.size) if reward.ndim <= 2 else int(np.prod(reward.shape[:2]))

@@ -1,0 +1,274 @@
+"""``tianji train``: validate a run config, launch the services, watch, summarize.
+
+Everything that can be wrong with a config (keys, algorithm, env id, spaces) is found
+here, before any process starts. The run is watched by a :class:`TrainMonitor` service
+in the launcher's process (it subscribes to the actors' :class:`EpisodesFinished`), which
+also decides when the run is done: target return, env-step budget or time budget.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+from tianji.config import RunConfig, to_dict
+from tianji.controller import Controller
+from tianji.events import EpisodesFinished
+from tianji.launch.local import LocalLauncher, run_local
+from tianji.launch.spec import ServiceSpec
+from tianji.service import Service
+from tianji.services import EPISODES
+from tianji.services.common import make_algorithm
+from tianji.services.learner import LagStats
+
+__all__ = ["TrainMonitor", "build_specs", "train"]
+
+
+class TrainMonitor(Service):
+    """Follows training episodes and env steps; says when the run is done."""
+
+    role = "monitor"
+
+    def __init__(self, name: str, *, stop: Any, **kwargs: Any) -> None:
+        super().__init__(name, **kwargs)
+        self.stop_config = stop
+        self.started = time.monotonic()
+        self.returns: collections.deque[float] = collections.deque(maxlen=stop.window)
+        self.env_steps_by_actor: dict[str, int] = {}
+        self.episodes = 0
+        self.time_to_target: float | None = None
+        self.steps_to_target: int | None = None
+        self.curve: list[tuple[int, float, float]] = []  # (env steps, seconds, mean return)
+        self.subscribe(EPISODES, self.on_episodes)
+
+    @property
+    def env_steps(self) -> int:
+        return sum(self.env_steps_by_actor.values())
+
+    def mean_return(self) -> float | None:
+        return float(np.mean(self.returns)) if self.returns else None
+
+    async def on_episodes(self, ev: EpisodesFinished) -> None:
+        self.env_steps_by_actor[ev.actor] = ev.env_steps
+        self.returns.extend(ev.returns.tolist())
+        self.episodes += int(ev.returns.size)
+        mean = self.mean_return()
+        if mean is None:
+            return
+        elapsed = time.monotonic() - self.started
+        self.curve.append((self.env_steps, round(elapsed, 3), mean))
+        target = self.stop_config.target_return
+        full = len(self.returns) == self.returns.maxlen
+        if target is not None and self.time_to_target is None and full and mean >= target:
+            self.time_to_target = elapsed
+            self.steps_to_target = self.env_steps
+
+    def done(self) -> str | None:
+        """Why the run should stop now, or ``None``."""
+        cfg = self.stop_config
+        if self.time_to_target is not None:
+            return "target_return reached"
+        if cfg.max_env_steps is not None and self.env_steps >= cfg.max_env_steps:
+            return "max_env_steps reached"
+        if cfg.max_seconds is not None and time.monotonic() - self.started >= cfg.max_seconds:
+            return "max_seconds reached"
+        return None
+
+
+def build_specs(config: RunConfig, buffer_spec: dict[str, Any]) -> list[ServiceSpec]:
+    """One spec per service: params, buffer, learner, actors."""
+    bind = "inproc://" if config.transport == "inproc" else f"{config.transport}://"
+    if config.transport == "tcp":
+        bind = "tcp://127.0.0.1:0"
+    data = to_dict(config)
+    specs = [
+        ServiceSpec(name="params-0", factory="tianji.services.params:ParamsService", bind=bind),
+        ServiceSpec(
+            name="buffer-0",
+            factory="tianji.services.buffer:BufferService",
+            options={"config": data, "buffer_spec": buffer_spec},
+            bind=bind,
+        ),
+        ServiceSpec(
+            name="learner-0",
+            factory="tianji.services.learner:LearnerService",
+            options={"config": data},
+            bind=bind,
+        ),
+    ]
+    for i in range(config.actors.count):
+        specs.append(
+            ServiceSpec(
+                name=f"actor-{i}",
+                factory="tianji.services.actor:ActorService",
+                options={"config": data, "index": i},
+                bind=bind,
+            )
+        )
+    return specs
+
+
+def train(
+    config: RunConfig, *, summary_path: str | None = None, out: TextIO = sys.stdout
+) -> dict[str, Any]:
+    """Run a training job to its end and return (and optionally write) its summary.
+
+    Raises:
+        ConfigError: before any process starts, for any bad setting.
+        ServiceFailed: if a service process fails.
+    """
+    algo = make_algorithm(config, seed=config.seed, device="cpu")  # validates everything
+    buffer_spec = dataclasses.asdict(algo.buffer_spec())
+    del algo
+    specs = build_specs(config, buffer_spec)
+    monitor_box: list[TrainMonitor] = []
+
+    def local(controller_address: str) -> list[Service]:
+        bind = "inproc://" if config.transport == "inproc" else "tcp://127.0.0.1:0"
+        monitor = TrainMonitor(
+            "monitor", stop=config.stop, bind=bind, controller=controller_address
+        )
+        monitor_box.append(monitor)
+        return [monitor]
+
+    def until(controller: Controller) -> bool:
+        return bool(monitor_box) and monitor_box[0].done() is not None
+
+    launcher = LocalLauncher(
+        specs,
+        until=until,
+        in_process=config.transport == "inproc",
+        controller_bind="inproc://" if config.transport == "inproc" else "tcp://127.0.0.1:0",
+        local_services=local,
+        progress=lambda c, t: print(progress_line(c, monitor_box[0], t), file=out, flush=True),
+        progress_interval=2.0,
+    )
+    started = time.monotonic()
+    result = run_local(launcher)
+    summary = summarize(config, launcher.controller, monitor_box[0], time.monotonic() - started)
+    summary["stop_reason"] = monitor_box[0].done() or result.reason
+    if summary_path:
+        Path(summary_path).write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _sum(controller: Controller, role_prefix: str, key: str) -> int:
+    return sum(
+        hb.counters.get(key, 0)
+        for name, hb in controller.heartbeats.items()
+        if name.startswith(role_prefix)
+    )
+
+
+def progress_line(controller: Controller, monitor: TrainMonitor, elapsed: float) -> str:
+    """One human-readable progress line."""
+    mean = monitor.mean_return()
+    learner = controller.heartbeats.get("learner-0")
+    updates = learner.counters.get("learner_updates", 0) if learner else 0
+    lag = learner.gauges.get("policy_lag_mean", 0.0) if learner else 0.0
+    buffer = controller.heartbeats.get("buffer-0")
+    size = buffer.gauges.get("size", 0.0) if buffer else 0.0
+    steps = monitor.env_steps
+    rate = steps / elapsed if elapsed > 0 else 0.0
+    ret = f"{mean:7.1f}" if mean is not None else "      -"
+    return (
+        f"[{elapsed:6.1f}s] env steps {steps:>8} ({rate:6.0f}/s) | episodes {monitor.episodes:>5}"
+        f" | return(last {monitor.returns.maxlen}) {ret} | updates {updates:>5}"
+        f" | lag {lag:4.1f} | buffer {size:6.0f}"
+    )
+
+
+def summarize(
+    config: RunConfig, controller: Controller, monitor: TrainMonitor, wall: float
+) -> dict[str, Any]:
+    """The summary JSON of a finished run (see the README for its keys)."""
+    learner = controller.heartbeats.get("learner-0")
+    counters = learner.counters if learner else {}
+    lag_counts = {int(k.split("/", 1)[1]): v for k, v in counters.items() if k.startswith("lag/")}
+    dropped = collections.Counter[str]()
+    for hb in controller.heartbeats.values():
+        for key, value in hb.counters.items():
+            if key.startswith("dropped/"):
+                dropped[key.split("/", 1)[1]] += value
+    env_steps = monitor.env_steps
+    return {
+        "algorithm": config.algorithm,
+        "env_id": config.env.id,
+        "seed": config.seed,
+        "actors": config.actors.count,
+        "envs_per_actor": config.actors.envs_per_actor,
+        "transport": config.transport,
+        "env_steps": env_steps,
+        "episodes": monitor.episodes,
+        "learner_updates": counters.get("learner_updates", 0),
+        "wall_s": round(wall, 3),
+        "env_steps_per_s": round(env_steps / wall, 1) if wall > 0 else 0.0,
+        "samples_produced": _sum(controller, "actor-", "samples_produced"),
+        "samples_consumed": counters.get("samples_consumed", 0),
+        "samples_dropped": dict(dropped),
+        "final_return": monitor.mean_return(),
+        "target_return": config.stop.target_return,
+        "time_to_target_s": (
+            round(monitor.time_to_target, 3) if monitor.time_to_target is not None else None
+        ),
+        "env_steps_to_target": monitor.steps_to_target,
+        "policy_lag": LagStats.summarize(lag_counts),
+    }
+
+
+SHORTCUTS = {
+    "env": "env.id",
+    "actors": "actors.count",
+    "envs_per_actor": "actors.envs_per_actor",
+    "transport": "transport",
+    "seed": "seed",
+    "max_env_steps": "stop.max_env_steps",
+    "max_seconds": "stop.max_seconds",
+    "target_return": "stop.target_return",
+}
+
+
+def add_train_parser(sub: Any) -> None:
+    """Add ``tianji train`` to the CLI's subparsers."""
+    p = sub.add_parser("train", help="train an algorithm from a TOML run config")
+    p.add_argument("config", help="run config (TOML), e.g. examples/cartpole_ppo.toml")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key, e.g. --set actors.count=4 (repeatable)")
+    p.add_argument("--env", help="env id (env.id)")
+    p.add_argument("--actors", type=int, help="actor processes (actors.count)")
+    p.add_argument("--envs-per-actor", type=int, help="envs per actor")
+    p.add_argument("--transport", choices=["inproc", "tcp", "shm"],
+                   help="inproc: all services in one process")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--max-env-steps", type=int)
+    p.add_argument("--max-seconds", type=float)
+    p.add_argument("--target-return", type=float,
+                   help="stop when the mean return of the last 20 episodes reaches this")
+    p.add_argument("--summary", metavar="PATH", help="write the summary JSON here")
+    p.set_defaults(func=_cmd_train)
+
+
+def _cmd_train(args: Any) -> int:
+    from tianji.config import load_config
+
+    overrides = list(args.set)
+    for attr, key in SHORTCUTS.items():
+        value = getattr(args, attr)
+        if value is not None:
+            overrides.append(f"{key}={json.dumps(value)}")
+    config = load_config(args.config, overrides)
+    print(
+        f"tianji train: {config.algorithm} on {config.env.id}, {config.actors.count} actors x "
+        f"{config.actors.envs_per_actor} envs, transport {config.transport}, seed {config.seed}",
+        flush=True,
+    )
+    summary = train(config, summary_path=args.summary)
+    print(json.dumps(summary, indent=2))
+    return 0
