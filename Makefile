@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml constraints/cpu.txt
 setup: $(VENV)/.installed
 
 demo: setup
-	$(VENV)/bin/tianji demo
+	$(VENV)/bin/tianji train examples/cartpole_ppo.toml --target-return 475 --max-seconds 300
 
 test: setup
 	$(PY) -m pytest -q

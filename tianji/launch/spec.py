@@ -6,6 +6,7 @@ import dataclasses
 import importlib
 import importlib.util
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -68,11 +69,15 @@ def load_factory(spec: str) -> Any:
     try:
         if module_name.endswith(".py"):
             path = Path(module_name).resolve()
-            mod_spec = importlib.util.spec_from_file_location(path.stem, path)
-            if mod_spec is None or mod_spec.loader is None:
-                raise ImportError(f"cannot load {path}")
-            module = importlib.util.module_from_spec(mod_spec)
-            mod_spec.loader.exec_module(module)
+            name = f"tianji_user.{path.stem}"
+            module = sys.modules.get(name)
+            if module is None or getattr(module, "__file__", None) != str(path):
+                mod_spec = importlib.util.spec_from_file_location(name, path)
+                if mod_spec is None or mod_spec.loader is None:
+                    raise ImportError(f"cannot load {path}")
+                module = importlib.util.module_from_spec(mod_spec)
+                sys.modules[name] = module  # dataclasses and pickling-free typing need it
+                mod_spec.loader.exec_module(module)
         else:
             module = importlib.import_module(module_name)
         return getattr(module, attr)

@@ -1,0 +1,90 @@
+"""`tianji train`: bad input fails before any process starts; real runs reach their targets."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+
+
+def train(*args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tianji.cli", "train", *args],
+        capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+    )
+
+
+@pytest.mark.parametrize(
+    ("config", "args", "named"),
+    [
+        ("cartpole_ppo", ["--set", "actors.cuont=2"], "actors.cuont"),
+        ("cartpole_ppo", ["--set", "algorithm=dqnn"], "dqnn"),
+        ("cartpole_ppo", ["--env", "CartPol-v1"], "CartPole-v1"),
+        ("cartpole_dqn", ["--env", "Pendulum-v1"], "Discrete"),
+        ("cartpole_ppo", ["--set", "algo.learning_rate=0.1"], "algo.learning_rate"),
+        ("cartpole_ppo", ["--set", "transport=carrier-pigeon"], "carrier-pigeon"),
+    ],
+    ids=["unknown-key", "unknown-algorithm", "unknown-env", "unsupported-space", "unknown-algo-key",
+         "bad-transport"],
+)
+def test_bad_input_is_refused_before_any_process_starts(
+    config: str, args: list[str], named: str
+) -> None:
+    result = train(str(EXAMPLES / f"{config}.toml"), *args, timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert named in result.stderr
+    assert "env steps" not in result.stdout  # nothing ran
+
+
+def test_a_missing_config_file_is_named() -> None:
+    result = train("no/such/run.toml", timeout=60)
+    assert result.returncode == 2 and "no/such/run.toml" in result.stderr
+
+
+def _summary(tmp_path: Path, *args: str) -> dict[str, object]:
+    path = tmp_path / "summary.json"
+    result = train(*args, "--summary", str(path))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "env steps" in result.stdout  # progress was shown
+    summary: dict[str, object] = json.loads(path.read_text())
+    return summary
+
+
+@pytest.mark.slow
+def test_ppo_reaches_475_on_cartpole_with_two_actor_processes(tmp_path: Path) -> None:
+    s = _summary(tmp_path, str(EXAMPLES / "cartpole_ppo.toml"), "--target-return", "475")
+    assert s["time_to_target_s"] is not None, s
+    assert s["final_return"] >= 475  # type: ignore[operator]
+    assert s["actors"] == 2 and s["learner_updates"] > 0
+    lag = s["policy_lag"]
+    assert isinstance(lag, dict) and lag["max"] <= 1
+
+
+@pytest.mark.slow
+def test_dqn_reaches_300_on_cartpole_with_two_actor_processes(tmp_path: Path) -> None:
+    s = _summary(tmp_path, str(EXAMPLES / "cartpole_dqn.toml"), "--target-return", "300")
+    assert s["time_to_target_s"] is not None, s
+    assert s["samples_consumed"] > 0 and s["env_steps_to_target"] is not None
+
+
+@pytest.mark.slow
+def test_the_custom_example_algorithm_trains_through_the_cli(tmp_path: Path) -> None:
+    s = _summary(tmp_path, str(EXAMPLES / "cartpole_reinforce.toml"))
+    assert s["algorithm"] == "examples/reinforce.py:Reinforce"
+    assert s["time_to_target_s"] is not None, s
+
+
+@pytest.mark.slow
+def test_inproc_transport_runs_every_service_in_one_process(tmp_path: Path) -> None:
+    s = _summary(
+        tmp_path, str(EXAMPLES / "cartpole_ppo.toml"), "--transport", "inproc",
+        "--max-env-steps", "20000", "--set", "stop.target_return=1000",
+    )
+    assert s["transport"] == "inproc" and s["env_steps"] >= 20000
+    assert s["samples_produced"] >= s["samples_consumed"]  # type: ignore[operator]
