@@ -88,3 +88,14 @@ def test_inproc_transport_runs_every_service_in_one_process(tmp_path: Path) -> N
     )
     assert s["transport"] == "inproc" and s["env_steps"] >= 20000
     assert s["samples_produced"] >= s["samples_consumed"]  # type: ignore[operator]
+
+
+@pytest.mark.slow
+def test_a_users_own_env_class_trains_without_registration(tmp_path: Path) -> None:
+    s = _summary(
+        tmp_path, str(EXAMPLES / "cartpole_ppo.toml"),
+        "--env", "examples/custom_env.py:GuessTheSign", "--target-return", "90",
+        "--max-seconds", "150",
+    )
+    assert s["env_id"] == "examples/custom_env.py:GuessTheSign"
+    assert s["time_to_target_s"] is not None, s
