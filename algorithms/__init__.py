@@ -55,7 +55,7 @@ def get(name: str) -> Any:
         spec = name
     if spec is None:
         close = difflib.get_close_matches(name, names(), n=3)
-        known = names() if not close else close
+        known = close or names()
         raise RegistryError("algorithm", name, known)
     from tianji.launch.spec import load_factory
 

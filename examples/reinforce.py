@@ -43,8 +43,11 @@ class ReinforceConfig:
 
 
 def discounted_returns(
-    reward: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,
-    next_value: np.ndarray, gamma: float,
+    reward: np.ndarray,
+    terminated: np.ndarray,
+    truncated: np.ndarray,
+    next_value: np.ndarray,
+    gamma: float,
 ) -> np.ndarray:
     """Returns-to-go ``[T, N]``: bootstrap with ``next_value`` at truncations and at the
     fragment's end, not after terminations."""
@@ -73,17 +76,28 @@ class Reinforce:
         return None
 
     def __init__(
-        self, config: ReinforceConfig, observation_space: Any, action_space: Any,
-        *, seed: int = 0, device: str = "auto",
+        self,
+        config: ReinforceConfig,
+        observation_space: Any,
+        action_space: Any,
+        *,
+        seed: int = 0,
+        device: str = "auto",
     ) -> None:
         self.config = config
         torch.manual_seed(seed)
-        self.device = torch.device("cuda" if device == "auto" and torch.cuda.is_available()
-                                   else ("cpu" if device == "auto" else device))
+        self.device = torch.device(
+            "cuda"
+            if device == "auto" and torch.cuda.is_available()
+            else ("cpu" if device == "auto" else device)
+        )
         n_in, n_out, h = int(np.prod(observation_space.shape)), int(action_space.n), config.hidden
-        self.policy = nn.Sequential(nn.Linear(n_in, h), nn.Tanh(), nn.Linear(h, h), nn.Tanh(),
-                                    nn.Linear(h, n_out)).to(self.device)
-        self.baseline = nn.Sequential(nn.Linear(n_in, h), nn.Tanh(), nn.Linear(h, 1)).to(self.device)
+        self.policy = nn.Sequential(
+            nn.Linear(n_in, h), nn.Tanh(), nn.Linear(h, h), nn.Tanh(), nn.Linear(h, n_out)
+        ).to(self.device)
+        self.baseline = nn.Sequential(nn.Linear(n_in, h), nn.Tanh(), nn.Linear(h, 1)).to(
+            self.device
+        )
         params = [*self.policy.parameters(), *self.baseline.parameters()]
         self.optimizer = torch.optim.Adam(params, lr=config.lr)
         self.rng = np.random.default_rng(seed)
@@ -112,8 +126,11 @@ class Reinforce:
         with torch.no_grad():
             next_value = self.baseline(self._obs(batch["next_obs"].reshape(t * n, -1)))
         returns = discounted_returns(
-            batch["reward"], batch["terminated"].astype(np.float32) > 0,
-            batch["truncated"].astype(bool), next_value.view(t, n).cpu().numpy(), self.config.gamma,
+            batch["reward"],
+            batch["terminated"].astype(np.float32) > 0,
+            batch["truncated"].astype(bool),
+            next_value.view(t, n).cpu().numpy(),
+            self.config.gamma,
         )
         target = torch.as_tensor(returns.reshape(-1), device=self.device)
         value = self.baseline(obs).view(-1)
@@ -128,8 +145,13 @@ class Reinforce:
         self.optimizer.zero_grad()
         loss.backward()  # type: ignore[no-untyped-call]
         self.optimizer.step()
-        return UpdateResult(metrics={"policy_loss": float(policy_loss), "value_loss":
-                                     float(value_loss), "entropy": float(entropy)})
+        return UpdateResult(
+            metrics={
+                "policy_loss": float(policy_loss),
+                "value_loss": float(value_loss),
+                "entropy": float(entropy),
+            }
+        )
 
     def get_weights(self) -> dict[str, np.ndarray]:
         return {k: v.detach().cpu().numpy() for k, v in self.policy.state_dict().items()}

@@ -25,7 +25,7 @@ from tianji.bench.measure import (
     Throughput,
     aligned_empty,
 )
-from tianji.bench.peer import Job
+from tianji.bench.peer import Job, zmq_hwm
 from tianji.bench.report import (
     GOALS,
     PAYLOADS,
@@ -207,6 +207,13 @@ def test_a_job_names_its_bad_field() -> None:
         Job.from_json({"kind": "tianji", "address": "x", "payload_bytes": 0, "warmup_s": 0.1})
     job = Job(kind="pyzmq", address="tcp://127.0.0.1:1", payload_bytes=100, warmup_s=0.1)
     assert Job.from_json(json.loads(json.dumps(job.to_json()))) == job
+
+
+def test_pyzmq_queues_hold_about_what_tianji_queues_hold() -> None:
+    assert zmq_hwm(100) == zmq_hwm(65536) == 1000  # zmq's default
+    assert zmq_hwm(MiB) == 64  # 64 MiB, like Limits().queue_bytes
+    assert zmq_hwm(16 * MiB) == 4
+    assert zmq_hwm(1 << 30) == 2
 
 
 def test_a_failing_peer_is_reported_with_its_reason_and_reaped() -> None:

@@ -29,11 +29,13 @@ from tianji import codec
 from tianji.codec import ARRAY_EXT, WIRE_VERSION, Codec, decode, encode
 from tianji.errors import BadFrame
 from tianji.events import (
+    ActionsComputed,
     ArraysPublished,
     BatchRequested,
     EpisodesFinished,
     Event,
     Heartbeat,
+    ObservationsReady,
     ParamsPublished,
     PauseProduction,
     PrioritiesUpdated,
@@ -165,6 +167,13 @@ def sample_events() -> list[Event]:
             env_steps=4096,
         ),
         BatchRequested(learner="learner-0", count=2, learner_version=17),
+        ObservationsReady(actor="actor-0", request_id=7, obs=np.zeros((4, 3), np.float32)),
+        ActionsComputed(
+            actor="actor-0",
+            request_id=7,
+            policy_version=3,
+            arrays={"action": np.array([0, 1, 1, 0]), "logp": np.zeros(4, np.float32)},
+        ),
         SampleBatch(
             batch_id=5,
             policy_version=17,
@@ -456,7 +465,8 @@ def test_empty_header_frame_is_bad_frame_malformed_header() -> None:
 
 def test_every_truncation_of_a_header_is_bad_frame_malformed_header() -> None:
     full = bytes(encode(Heartbeat(
-        name="n", role="r", state="s", counters={"a": 1}, gauges={}, queue_depths={"q": 2}, sent_at=1.5
+        name="n", role="r", state="s", counters={"a": 1}, gauges={}, queue_depths={"q": 2},
+        sent_at=1.5,
     ))[0])  # fmt: skip
     for cut in range(1, len(full)):
         err = decode_error([full[:cut]])

@@ -188,7 +188,13 @@ def test_a_malformed_message_closes_only_that_connection(scheme: str) -> None:
                     topic(ArraysPublished).encode(),
                     *encode(
                         Heartbeat(
-                            name="x", role="y", state="z", counters={}, gauges={}, queue_depths={}, sent_at=0.0
+                            name="x",
+                            role="y",
+                            state="z",
+                            counters={},
+                            gauges={},
+                            queue_depths={},
+                            sent_at=0.0,
                         )
                     ),
                 ]

@@ -16,7 +16,10 @@ EXAMPLES = ROOT / "examples"
 def train(*args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "tianji.cli", "train", *args],
-        capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
     )
 
 
@@ -30,8 +33,14 @@ def train(*args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
         ("cartpole_ppo", ["--set", "algo.learning_rate=0.1"], "algo.learning_rate"),
         ("cartpole_ppo", ["--set", "transport=carrier-pigeon"], "carrier-pigeon"),
     ],
-    ids=["unknown-key", "unknown-algorithm", "unknown-env", "unsupported-space", "unknown-algo-key",
-         "bad-transport"],
+    ids=[
+        "unknown-key",
+        "unknown-algorithm",
+        "unknown-env",
+        "unsupported-space",
+        "unknown-algo-key",
+        "bad-transport",
+    ],
 )
 def test_bad_input_is_refused_before_any_process_starts(
     config: str, args: list[str], named: str
@@ -83,8 +92,14 @@ def test_the_custom_example_algorithm_trains_through_the_cli(tmp_path: Path) -> 
 @pytest.mark.slow
 def test_inproc_transport_runs_every_service_in_one_process(tmp_path: Path) -> None:
     s = _summary(
-        tmp_path, str(EXAMPLES / "cartpole_ppo.toml"), "--transport", "inproc",
-        "--max-env-steps", "20000", "--set", "stop.target_return=1000",
+        tmp_path,
+        str(EXAMPLES / "cartpole_ppo.toml"),
+        "--transport",
+        "inproc",
+        "--max-env-steps",
+        "20000",
+        "--set",
+        "stop.target_return=1000",
     )
     assert s["transport"] == "inproc" and s["env_steps"] >= 20000
     assert s["samples_produced"] >= s["samples_consumed"]  # type: ignore[operator]
@@ -93,9 +108,29 @@ def test_inproc_transport_runs_every_service_in_one_process(tmp_path: Path) -> N
 @pytest.mark.slow
 def test_a_users_own_env_class_trains_without_registration(tmp_path: Path) -> None:
     s = _summary(
-        tmp_path, str(EXAMPLES / "cartpole_ppo.toml"),
-        "--env", "examples/custom_env.py:GuessTheSign", "--target-return", "90",
-        "--max-seconds", "150",
+        tmp_path,
+        str(EXAMPLES / "cartpole_ppo.toml"),
+        "--env",
+        "examples/custom_env.py:GuessTheSign",
+        "--target-return",
+        "90",
+        "--max-seconds",
+        "150",
     )
     assert s["env_id"] == "examples/custom_env.py:GuessTheSign"
     assert s["time_to_target_s"] is not None, s
+
+
+@pytest.mark.slow
+def test_a_batched_inference_service_can_act_for_all_actors(tmp_path: Path) -> None:
+    s = _summary(
+        tmp_path,
+        str(EXAMPLES / "cartpole_ppo.toml"),
+        "--set",
+        'actors.inference="service"',
+        "--max-env-steps",
+        "30000",
+        "--set",
+        "stop.target_return=1000",
+    )
+    assert s["env_steps"] >= 30000 and s["learner_updates"] > 0

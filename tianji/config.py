@@ -67,6 +67,9 @@ class ActorConfig:
     """Environments each actor steps as one vector env."""
     fragment_length: int = 128
     """Steps per env in one trajectory fragment sent to the buffer."""
+    inference: str = "local"
+    """"local": each actor runs its own policy copy; "service": one inference service
+    batches the observations of all actors into one forward pass and answers each."""
     max_fragments_per_version: int = 0
     """An actor sends at most this many fragments per policy version, then waits for newer
     weights (0: no limit; never before the learner's first update). Keeps actors from
@@ -74,6 +77,8 @@ class ActorConfig:
 
     def __post_init__(self) -> None:
         _positive("actors", self, ("count", "envs_per_actor", "fragment_length"))
+        if self.inference not in ("local", "service"):
+            raise ConfigError("actors.inference", self.inference, '"local" or "service"')
         if self.max_fragments_per_version < 0:
             raise ConfigError(
                 "actors.max_fragments_per_version", self.max_fragments_per_version, "an int >= 0"
@@ -238,7 +243,9 @@ def check_value(key: str, value: Any, hint: Any) -> Any:
         raise ConfigError(key, value, "a table")
     if origin in (list, tuple, collections.abc.Sequence):
         if isinstance(value, (list, tuple)):
-            items = [check_value(f"{key}[]", v, (typing.get_args(hint) or (Any,))[0]) for v in value]
+            items = [
+                check_value(f"{key}[]", v, (typing.get_args(hint) or (Any,))[0]) for v in value
+            ]
             return list(items) if origin is list else tuple(items)
         raise ConfigError(key, value, "an array")
     if isinstance(hint, type) and type(value) is hint:

@@ -24,6 +24,7 @@ from typing import Any, ClassVar, TypeVar, dataclass_transform
 import numpy as np
 
 __all__ = [
+    "ActionsComputed",
     "ArraysPublished",
     "BatchRequested",
     "EpisodesFinished",
@@ -41,6 +42,7 @@ __all__ = [
     "Shutdown",
     "Subscribe",
     "TrajectoryCollected",
+    "ObservationsReady",
     "ParamsPublished",
     "WatchTopics",
     "event",
@@ -276,6 +278,25 @@ class EpisodesFinished(Event):
     returns: np.ndarray
     lengths: np.ndarray
     env_steps: int
+
+
+@event
+class ObservationsReady(Event):
+    """Command the inference service to compute actions for an actor's observations."""
+
+    actor: str
+    request_id: int
+    obs: np.ndarray
+
+
+@event
+class ActionsComputed(Event):
+    """Fact: the inference service computed ``arrays`` (``action`` + extras) for a request."""
+
+    actor: str
+    request_id: int
+    policy_version: int
+    arrays: dict[str, np.ndarray]
 
 
 @event

@@ -103,6 +103,15 @@ def build_specs(config: RunConfig, buffer_spec: dict[str, Any]) -> list[ServiceS
             bind=bind,
         ),
     ]
+    if config.actors.inference == "service":
+        specs.append(
+            ServiceSpec(
+                name="inference-0",
+                factory="tianji.services.inference:InferenceService",
+                options={"config": data},
+                bind=bind,
+            )
+        )
     for i in range(config.actors.count):
         specs.append(
             ServiceSpec(
@@ -239,18 +248,27 @@ def add_train_parser(sub: Any) -> None:
     """Add ``tianji train`` to the CLI's subparsers."""
     p = sub.add_parser("train", help="train an algorithm from a TOML run config")
     p.add_argument("config", help="run config (TOML), e.g. examples/cartpole_ppo.toml")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key, e.g. --set actors.count=4 (repeatable)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key, e.g. --set actors.count=4 (repeatable)",
+    )
     p.add_argument("--env", help="env id (env.id)")
     p.add_argument("--actors", type=int, help="actor processes (actors.count)")
     p.add_argument("--envs-per-actor", type=int, help="envs per actor")
-    p.add_argument("--transport", choices=["inproc", "tcp", "shm"],
-                   help="inproc: all services in one process")
+    p.add_argument(
+        "--transport", choices=["inproc", "tcp", "shm"], help="inproc: all services in one process"
+    )
     p.add_argument("--seed", type=int)
     p.add_argument("--max-env-steps", type=int)
     p.add_argument("--max-seconds", type=float)
-    p.add_argument("--target-return", type=float,
-                   help="stop when the mean return of the last 20 episodes reaches this")
+    p.add_argument(
+        "--target-return",
+        type=float,
+        help="stop when the mean return of the last 20 episodes reaches this",
+    )
     p.add_argument("--summary", metavar="PATH", help="write the summary JSON here")
     p.set_defaults(func=_cmd_train)
 

@@ -42,13 +42,14 @@ from tianji.transports._shmring import (
     WAIT_HEAD,
     WAIT_MSGS,
     Ring,
+    header,
     table,
 )
 
 from tianji.core import Limits
 from tianji.errors import BadFrame
 
-__all__ = ["RingReader", "RingWriter", "ShmLease", "message_bytes"]
+__all__ = ["RingReader", "RingWriter", "ShmLease", "layout"]
 
 _fence_lock = threading.Lock()
 _acquire, _release = _fence_lock.acquire, _fence_lock.release
@@ -60,12 +61,16 @@ def fence() -> None:
     _release()
 
 
-def message_bytes(views: list[memoryview]) -> int:
-    """Bytes of the MSG record holding ``views`` (header, lengths, 64-byte aligned frames)."""
+def layout(views: list[memoryview]) -> tuple[list[int], int]:
+    """The frame lengths, and the bytes of the MSG record holding ``views`` (header,
+    lengths, frames at 64-byte aligned offsets)."""
     o = (RECORD_BYTES + 8 * len(views) + 63) & -64
+    lengths = []
     for v in views:
-        o = (o + v.nbytes + 63) & -64
-    return o
+        n = v.nbytes
+        lengths.append(n)
+        o = (o + n + 63) & -64
+    return lengths, o
 
 
 def begin_bytes(nframes: int) -> int:
@@ -165,18 +170,19 @@ class RingWriter:
             hdr[SLEEPING] = 0
             self._doorbell()
 
-    def write_message(self, views: list[memoryview], rec: int, size: int) -> None:
+    def write_message(
+        self, views: list[memoryview], lengths: list[int], rec: int, size: int
+    ) -> None:
         """Write one whole message (``room(rec, True)`` said yes; ``rec <= half``)."""
         data = self._data
         pos = self._reserve(rec)
         n = len(views)
-        RECORD.pack_into(data, pos, KIND_MSG, n, rec, size)
-        table(n).pack_into(data, pos + RECORD_BYTES, *[v.nbytes for v in views])
+        header(n).pack_into(data, pos, KIND_MSG, n, rec, size, *lengths)
         o = pos + ((RECORD_BYTES + 8 * n + 63) & -64)
-        for v in views:
-            end = o + v.nbytes
-            data[o:end] = v
-            o = (end + 63) & -64
+        for v, length in zip(views, lengths, strict=True):
+            if length:
+                data[o : o + length] = v
+                o = (o + length + 63) & -64
         self._publish(rec, 1, size)
 
     def write_begin(self, views: list[memoryview], size: int) -> None:
@@ -184,8 +190,8 @@ class RingWriter:
         n = len(views)
         rec = begin_bytes(n)
         pos = self._reserve(rec)
-        RECORD.pack_into(self._data, pos, KIND_BEGIN, n, rec, size)
-        table(n).pack_into(self._data, pos + RECORD_BYTES, *[v.nbytes for v in views])
+        lengths = [v.nbytes for v in views]
+        header(n).pack_into(self._data, pos, KIND_BEGIN, n, rec, size, *lengths)
         self._publish(rec, int(size == 0), 0)
 
     def write_chunk(self, source: Pieces, k: int, size: int, last: bool) -> int:
@@ -223,11 +229,13 @@ class ShmLease:
 
     The frames stay valid until :meth:`release` (or the end of a ``with`` block); the
     ring space, and so the sender's room, is given back only then and in order: an
-    unreleased lease also holds back the space of every later message. Messages larger
-    than half the ring arrive as copies (no single contiguous view); releasing those is
-    free. After release, the views raise ``ValueError`` when used (unless an object such
-    as an ndarray still wraps them: then they keep the mapping alive, but the bytes may
-    be overwritten by later messages).
+    unreleased lease also holds back the space of every later message, so a consumer
+    that keeps leases applies backpressure. Messages larger than half the ring arrive as
+    copies (they have no single contiguous view); releasing those is free.
+
+    After release the views raise ``ValueError`` if used. Objects made from them before
+    (``np.frombuffer``) keep the mapping alive, so they never touch freed memory, but
+    their bytes may be overwritten by later messages: copy what must outlive the lease.
     """
 
     __slots__ = ("_end", "_msgs", "_nbytes", "_reader", "frames", "released")
@@ -409,14 +417,15 @@ class RingReader:
         data = self._data
         o = (RECORD_BYTES + 8 * nframes + 63) & -64
         frames = []
-        for length in self._lengths(off, nframes, size):
+        lengths = self._lengths(off, nframes, size)
+        for length in lengths:
             end = o + length
             if end > size:
                 raise BadFrame("bad_record", f"a frame overruns its {size}-byte record")
             view = data[off + o : off + end]
             frames.append(view if lease else memoryview(bytearray(view)))
             o = (end + 63) & -64
-        if o != size:
+        if o != size or sum(lengths) != payload:
             raise BadFrame("bad_record", f"record of {size} bytes, but its frames end at {o}")
         return frames
 

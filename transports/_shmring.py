@@ -80,6 +80,19 @@ def table(nframes: int) -> struct.Struct:
     return s
 
 
+_headers: dict[int, struct.Struct] = {}
+
+
+def header(nframes: int) -> struct.Struct:
+    """The (cached) struct of a record header followed by ``nframes`` u64 lengths."""
+    s = _headers.get(nframes)
+    if s is None:
+        s = struct.Struct(f"<IIQQ{nframes}Q")
+        if nframes <= 64:
+            _headers[nframes] = s
+    return s
+
+
 def align(n: int) -> int:
     return (n + ALIGN - 1) & -ALIGN
 

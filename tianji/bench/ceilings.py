@@ -5,7 +5,7 @@
 * ``raw-socket``: blocking ``sendmsg`` of an 8-byte length prefix and the payload over
   loopback TCP to a peer process doing blocking ``recv_into`` into one reused buffer.
 * ``pyzmq``: PUSH (here) / PULL (peer) over loopback TCP, ``copy=False``, messages
-  ``[8-byte seq, payload]``.
+  ``[8-byte seq, payload]``, queues bounded to about the bytes tianji's queues hold.
 
 They move the payload bytes with that tiny header only: no tianji codec, no events.
 """
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from tianji.bench.measure import RESULT_TIMEOUT, STARTUP_TIMEOUT, Settings, Throughput, make_payload
-from tianji.bench.peer import HEADER, Job
+from tianji.bench.peer import HEADER, Job, zmq_hwm
 from tianji.bench.spawn import spawn_peer
 
 __all__ = ["measure_memcpy", "measure_pyzmq", "measure_raw_socket"]
@@ -136,6 +136,7 @@ async def measure_pyzmq(payload_bytes: int, settings: Settings) -> Throughput:
     push = ctx.socket(zmq.PUSH)
     try:
         push.setsockopt(zmq.SNDTIMEO, int(STARTUP_TIMEOUT * 1000))
+        push.setsockopt(zmq.SNDHWM, zmq_hwm(payload_bytes))
         push.bind("tcp://127.0.0.1:*")
         endpoint = push.getsockopt_string(zmq.LAST_ENDPOINT)
     except BaseException:

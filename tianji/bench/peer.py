@@ -48,7 +48,7 @@ from tianji.errors import EndOfStream
 from tianji.events import ArraysPublished
 from tianji.runtime import run
 
-__all__ = ["HEADER", "STAMP", "Job", "main", "receive_events", "receive_latency"]
+__all__ = ["HEADER", "STAMP", "Job", "main", "receive_events", "receive_latency", "zmq_hwm"]
 
 HEADER = struct.Struct("<q")
 """The ceilings' tiny header: the payload length (raw-socket) or sequence number (pyzmq)."""
@@ -56,6 +56,17 @@ STAMP = np.dtype("<i8")
 """Latency probes carry their send time (``perf_counter_ns``) in their payload's first bytes."""
 LIMITS = Limits()
 ZMQ_RECV_TIMEOUT_MS = 30_000
+
+
+def zmq_hwm(payload_bytes: int) -> int:
+    """pyzmq's queue bound in messages, per side: about the bytes tianji's queues hold.
+
+    zmq bounds queues by message count (default 1000): 1000 queued 16 MiB messages would
+    be 16 GiB on the receiving side, and a sender that finishes minutes before its peer.
+    """
+    return max(2, min(1000, LIMITS.queue_bytes // payload_bytes))
+
+
 _PR_SET_PDEATHSIG = 1
 
 
@@ -201,6 +212,7 @@ def _pyzmq(job: Job) -> dict[str, Any]:
         pull = ctx.socket(zmq.PULL)
         pull.setsockopt(zmq.RCVTIMEO, ZMQ_RECV_TIMEOUT_MS)
         pull.setsockopt(zmq.LINGER, 0)
+        pull.setsockopt(zmq.RCVHWM, zmq_hwm(job.payload_bytes))
         pull.connect(job.address)
         while True:
             header, payload = (

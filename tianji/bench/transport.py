@@ -267,6 +267,7 @@ async def _bench(settings: Settings, progress: TextIO) -> Report:
         if lat is not None:
             report.latency.append(lat)
             cells_run.say(f"p50 {lat.p50_us:.1f} us, p99 {lat.p99_us:.1f} us")
+    report.heading += f", {os.getloadavg()[0]:.2f} at the end"  # was the box busy meanwhile?
     return report
 
 

@@ -8,8 +8,10 @@ events in :mod:`tianji.events`. Topics they use are named here, once.
 from __future__ import annotations
 
 from tianji.events import (
+    ActionsComputed,
     BatchRequested,
     EpisodesFinished,
+    ObservationsReady,
     ParamsPublished,
     PrioritiesUpdated,
     SampleBatch,
@@ -18,6 +20,8 @@ from tianji.events import (
 )
 
 __all__ = [
+    "OBSERVATIONS",
+    "actions_topic",
     "BATCHES",
     "EPISODES",
     "LATEST_PARAMS",
@@ -41,3 +45,10 @@ BATCHES = topic(SampleBatch)
 """Buffer -> learner: sample batches."""
 PRIORITIES = topic(PrioritiesUpdated)
 """Learner -> buffer: new priorities for prioritized replay."""
+OBSERVATIONS = topic(ObservationsReady)
+"""Actors -> inference service: observations that need actions."""
+
+
+def actions_topic(actor: str) -> str:
+    """Inference service -> one actor: the actions for its requests."""
+    return topic(ActionsComputed, actor)

@@ -3,18 +3,28 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
 from tianji.envs import make_vector_env
-from tianji.events import EpisodesFinished, ParamsPublished, TrajectoryCollected
+from tianji.events import (
+    ActionsComputed,
+    EpisodesFinished,
+    ObservationsReady,
+    ParamsPublished,
+    TrajectoryCollected,
+)
 from tianji.service import Service
-from tianji.services import EPISODES, LATEST_PARAMS, TRAJECTORIES
+from tianji.services import EPISODES, LATEST_PARAMS, OBSERVATIONS, TRAJECTORIES, actions_topic
 from tianji.services.common import make_algorithm, parse_run_config
 
 __all__ = ["ActorService", "FragmentCollector"]
+
+Act = Callable[[np.ndarray], Awaitable[dict[str, np.ndarray]]]
 
 
 class FragmentCollector:
@@ -33,13 +43,13 @@ class FragmentCollector:
         space = envs.single_action_space
         self._clip = (space.low, space.high) if isinstance(space, gym.spaces.Box) else None
 
-    def collect(self, act: Any) -> tuple[dict[str, np.ndarray], list[float], list[int]]:
-        """Run ``length`` steps; ``act(obs) -> dict`` with at least ``"action"``."""
+    async def collect(self, act: Act) -> tuple[dict[str, np.ndarray], list[float], list[int]]:
+        """Run ``length`` steps; ``await act(obs) -> dict`` with at least ``"action"``."""
         columns: dict[str, list[np.ndarray]] = {}
         returns: list[float] = []
         lengths: list[int] = []
         for _ in range(self.length):
-            out = act(self.obs)
+            out = await act(self.obs)
             action = out["action"]
             env_action = np.clip(action, *self._clip) if self._clip is not None else action
             next_obs, reward, terminated, truncated, info = self.envs.step(env_action)
@@ -82,11 +92,17 @@ class ActorService(Service):
     role = "actor"
 
     def __init__(self, name: str, *, config: dict[str, Any], index: int, **kwargs: Any) -> None:
-        super().__init__(name, publishes=[TRAJECTORIES, EPISODES], **kwargs)
+        super().__init__(name, publishes=[TRAJECTORIES, EPISODES, OBSERVATIONS], **kwargs)
         self.config = parse_run_config(config)
         self.index = index
         self.seed = self.config.seed + 1000 * (index + 1)
         self.algo = make_algorithm(self.config, seed=self.seed, device="cpu")
+        self.remote = self.config.actors.inference == "service"
+        self._request_ids = itertools.count()
+        self._answers: dict[int, asyncio.Future[ActionsComputed]] = {}
+        self.fragment_version = -1  # oldest policy version that acted in this fragment
+        if self.remote:
+            self.subscribe(actions_topic(name), self.on_actions)
         self.policy_version = -1
         self.sent_at_version = 0
         self._pending: ParamsPublished | None = None
@@ -100,12 +116,35 @@ class ActorService(Service):
         else:
             self.counters["params_ignored"] += 1
 
+    async def on_actions(self, ev: ActionsComputed) -> None:
+        future = self._answers.pop(ev.request_id, None)
+        if future is None or future.done():
+            self.counters["answers_unexpected"] += 1
+            return
+        future.set_result(ev)
+
+    async def _act_local(self, obs: np.ndarray) -> dict[str, np.ndarray]:
+        return self.algo.act(obs, explore=True)  # type: ignore[no-any-return]
+
+    async def _act_remote(self, obs: np.ndarray) -> dict[str, np.ndarray]:
+        request_id = next(self._request_ids)
+        future: asyncio.Future[ActionsComputed] = asyncio.get_running_loop().create_future()
+        self._answers[request_id] = future
+        await self.publish(
+            ObservationsReady(actor=self.name, request_id=request_id, obs=obs), OBSERVATIONS
+        )
+        answer = await future
+        if self.fragment_version < 0 or answer.policy_version < self.fragment_version:
+            self.fragment_version = answer.policy_version
+        return dict(answer.arrays)
+
     def _pending_version(self) -> int:
         return self._pending.policy_version if self._pending is not None else -1
 
     def _apply_params(self) -> None:
         if self._pending is not None:
-            self.algo.set_weights(self._pending.weights, self._pending.policy_version)
+            if not self.remote:  # with an inference service the weights live there
+                self.algo.set_weights(self._pending.weights, self._pending.policy_version)
             self.policy_version = self._pending.policy_version
             self.gauges["policy_version"] = self.policy_version
             self.sent_at_version = 0
@@ -124,7 +163,9 @@ class ActorService(Service):
             started = asyncio.get_running_loop().time()
             await self._have_params.wait()
             waited = asyncio.get_running_loop().time() - started
-            self.gauges["waiting_for_params_s"] = self.gauges.get("waiting_for_params_s", 0.0) + waited
+            self.gauges["waiting_for_params_s"] = (
+                self.gauges.get("waiting_for_params_s", 0.0) + waited
+            )
 
     async def main(self) -> None:
         import torch
@@ -135,22 +176,23 @@ class ActorService(Service):
         collector = FragmentCollector(envs, actors.fragment_length, self.seed)
         await self._have_params.wait()  # act with the learner's weights, never our own init
         await self.wait_subscribers(TRAJECTORIES)
+        if self.remote:
+            await self.wait_subscribers(OBSERVATIONS)
+        act = self._act_remote if self.remote else self._act_local
         try:
             while True:
                 await self._pace()
                 self._apply_params()
-                fragment, returns, lengths = collector.collect(
-                    lambda obs: self.algo.act(obs, explore=True)
-                )
+                self.fragment_version = -1
+                fragment, returns, lengths = await collector.collect(act)
+                version = self.fragment_version if self.remote else self.policy_version
                 steps = actors.fragment_length * actors.envs_per_actor
                 samples = self.algo.postprocess(fragment)
                 self.counters["env_steps"] += steps
                 self.counters["samples_produced"] += steps
                 self.counters["episodes"] += len(returns)
                 await self.publish(
-                    TrajectoryCollected(
-                        actor=self.name, policy_version=self.policy_version, arrays=samples
-                    ),
+                    TrajectoryCollected(actor=self.name, policy_version=version, arrays=samples),
                     TRAJECTORIES,
                 )
                 self.sent_at_version += 1

@@ -64,7 +64,9 @@ class LearnerService(Service):
     def __init__(self, name: str, *, config: dict[str, Any], **kwargs: Any) -> None:
         super().__init__(name, publishes=[LEARNER_PARAMS, REQUESTS, PRIORITIES], **kwargs)
         self.config = parse_run_config(config)
-        self.algo = make_algorithm(self.config, seed=self.config.seed, device=self.config.learner.device)
+        self.algo = make_algorithm(
+            self.config, seed=self.config.seed, device=self.config.learner.device
+        )
         self.version = 0
         self.on_policy = self.algo.buffer_spec().kind == "rollout"
         self.lag = LagStats()
@@ -76,7 +78,9 @@ class LearnerService(Service):
 
     async def _publish_weights(self) -> None:
         weights = self.algo.get_weights()
-        await self.publish(ParamsPublished(policy_version=self.version, weights=weights), LEARNER_PARAMS)
+        await self.publish(
+            ParamsPublished(policy_version=self.version, weights=weights), LEARNER_PARAMS
+        )
 
     async def main(self) -> None:
         import torch

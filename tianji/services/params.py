@@ -7,8 +7,8 @@ from typing import Any
 
 from tianji.core import Connection
 from tianji.events import ParamsPublished
-from tianji.services import LATEST_PARAMS, LEARNER_PARAMS
 from tianji.service import Service
+from tianji.services import LATEST_PARAMS, LEARNER_PARAMS
 
 __all__ = ["ParamsService"]
 
