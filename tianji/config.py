@@ -55,6 +55,9 @@ class EnvConfig:
     """A gymnasium id, or ``package.module:Class`` / ``path/file.py:Class`` of an env class."""
     kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Keyword arguments for the env constructor."""
+    wrappers: list[str] = dataclasses.field(default_factory=list)
+    """Wrappers applied in order, each ``module:Class`` (e.g.
+    ``"gymnasium.wrappers:TimeAwareObservation"``), called as ``Class(env)``."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

@@ -16,11 +16,31 @@ __all__ = ["env_factory", "env_spaces", "make_vector_env"]
 
 
 def env_factory(config: EnvConfig) -> Callable[[], gym.Env[Any, Any]]:
-    """Return a zero-argument factory for the configured env.
+    """Return a zero-argument factory for the configured env, wrappers applied.
 
     Raises:
-        ConfigError: naming the env id (with close matches) if it is unknown.
+        ConfigError: naming the env id (with close matches) or a wrapper that is unknown.
     """
+    make = _base_factory(config)
+    from tianji.launch.spec import load_factory
+
+    wrappers = []
+    for spec in config.wrappers:
+        try:
+            wrappers.append(load_factory(spec))
+        except ConfigError as exc:
+            raise ConfigError("env.wrappers", spec, exc.expected) from None
+
+    def build() -> gym.Env[Any, Any]:
+        env = make()
+        for wrapper in wrappers:
+            env = wrapper(env)
+        return env
+
+    return build
+
+
+def _base_factory(config: EnvConfig) -> Callable[[], gym.Env[Any, Any]]:
     env_id, kwargs = config.id, dict(config.kwargs)
     if ":" in env_id and env_id not in gym.registry:
         from tianji.launch.spec import load_factory
