@@ -32,6 +32,7 @@ def train(*args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
         ("cartpole_dqn", ["--env", "Pendulum-v1"], "Discrete"),
         ("cartpole_ppo", ["--set", "algo.learning_rate=0.1"], "algo.learning_rate"),
         ("cartpole_ppo", ["--set", "transport=carrier-pigeon"], "carrier-pigeon"),
+        ("cartpole_ppo", ["--set", 'env.wrappers=["gymnasium.wrappers:Nope"]'], "env.wrappers"),
     ],
     ids=[
         "unknown-key",
@@ -40,6 +41,7 @@ def train(*args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
         "unsupported-space",
         "unknown-algo-key",
         "bad-transport",
+        "unknown-wrapper",
     ],
 )
 def test_bad_input_is_refused_before_any_process_starts(
