@@ -15,6 +15,8 @@ up (``asyncio.BufferedProtocol``). Declared counts and lengths are checked again
 from __future__ import annotations
 
 import struct
+
+import numpy as np
 from collections.abc import Sequence
 
 from tianji.errors import BadFrame
@@ -155,7 +157,8 @@ class FrameParser:
             return True
         if length >= _DIRECT_THRESHOLD:
             # Receive the rest straight into the frame's own buffer: no second copy.
-            target = memoryview(bytearray(length))
+            # np.empty: no zero-fill (bytearray(n) would write every byte once for nothing)
+            target = memoryview(np.empty(length, np.uint8))
             target[:avail] = self._view[self._start : self._end]
             self._start = self._end = 0
             self._direct, self._filled = target, avail
