@@ -15,6 +15,7 @@ up (``asyncio.BufferedProtocol``). Declared counts and lengths are checked again
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import numpy as np
 from collections.abc import Sequence
@@ -158,7 +159,8 @@ class FrameParser:
         if length >= _DIRECT_THRESHOLD:
             # Receive the rest straight into the frame's own buffer: no second copy.
             # np.empty: no zero-fill (bytearray(n) would write every byte once for nothing)
-            target = memoryview(np.empty(length, np.uint8))
+            raw: Any = np.empty(length, np.uint8)
+            target = memoryview(raw)
             target[:avail] = self._view[self._start : self._end]
             self._start = self._end = 0
             self._direct, self._filled = target, avail
