@@ -44,6 +44,8 @@ def test_a_regular_install_puts_transports_and_algorithms_under_tianji(tmp_path:
     assert (site / "tianji" / "algorithms" / "__init__.py").is_file()
     assert not (site / "transports").exists() and not (site / "algorithms").exists()
     assert (site / "bin" / "tianji").is_file()
+    for init in (ROOT / "tianji").rglob("__init__.py"):  # every subpackage is installed
+        assert (site / init.relative_to(ROOT)).is_file(), init
     env = {**os.environ, "PYTHONPATH": str(site)}
     where = _python(f"{IMPORTS}; print(tianji.transports.tcp.__file__)", tmp_path, env)
     assert where.startswith(str(site)), where
