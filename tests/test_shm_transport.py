@@ -232,7 +232,7 @@ def test_a_payload_bigger_than_the_ring_round_trips_bit_exact(loop_name: str) ->
     frames = [b"head", b"", big[: 3 * MiB], b"", big[3 * MiB :]]
 
     async def main() -> None:
-        for limits in (Limits(), Limits(queue_bytes=1 * MiB)):  # 8 MiB and 1 MiB rings
+        for limits in (Limits(), Limits(queue_bytes=1 * MiB)):  # 4 MiB and 1 MiB rings
             async with shm_link(limits) as (client, server):
                 sending = asyncio.create_task(client.send(frames))
                 got = await server.recv()
@@ -243,6 +243,20 @@ def test_a_payload_bigger_than_the_ring_round_trips_bit_exact(loop_name: str) ->
                 assert np.array_equal(np.frombuffer(got[4], np.uint8), big[3 * MiB :])
                 await client.send([b"after"])  # the stream goes on
                 assert bytes((await server.recv())[0]) == b"after"
+
+    run_async(main())
+
+
+def test_a_large_message_frees_its_place_in_the_message_count() -> None:
+    """With queue_messages=1, the message after a chunked one must be admitted."""
+
+    async def main() -> None:
+        async with shm_link(Limits(queue_messages=1, queue_bytes=64)) as (client, server):
+            for size in (3 * MiB, 10, 3 * MiB, 0, 10):
+                sending = asyncio.create_task(client.send([bytes(size), b"tail"]))
+                frames = await asyncio.wait_for(server.recv(), 5)
+                await asyncio.wait_for(sending, 5)
+                assert [f.nbytes for f in frames] == [size, 4]
 
     run_async(main())
 
@@ -462,3 +476,31 @@ def _corrupt(conn: ShmConnection, how: str) -> None:
     _shmring.RECORD.pack_into(w.ring.data, pos, _shmring.KIND_MSG, nframes, size, sum(lengths))
     struct.pack_into(f"<{len(lengths)}Q", w.ring.data, pos + _shmring.RECORD_BYTES, *lengths)
     w._publish(min(size, 4096), 1, 0)
+
+
+# --------------------------------------------------------------------------- addresses
+
+
+def test_named_addresses_are_exclusive_and_free_again_once_closed() -> None:
+    name = f"shm://tianji-test-{os.getpid()}"
+
+    async def main() -> None:
+        transport = transports.get("shm")
+        listener = await transport.listen(name, limits=Limits())
+        assert listener.address == name
+        with pytest.raises(OSError, match="already in use"):
+            await transport.listen(name, limits=Limits())
+        await listener.aclose()
+        with pytest.raises(BrokenByPeer):  # no socket file lingers, nothing answers
+            await transport.connect(name, limits=Limits())
+        again = await transport.listen(name, limits=Limits())
+        conn = await transport.connect(name, limits=Limits())
+        conn.abort()
+        await again.aclose()
+        for bad in ("shm://has space", "shm://a/b", "tcp://x:1"):
+            with pytest.raises(ValueError):
+                await transport.listen(bad, limits=Limits())
+        with pytest.raises(ValueError):
+            await transport.connect("shm://", limits=Limits())
+
+    run_async(main())

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import dataclasses
 import gc
+import socket
 import time
 import tracemalloc
 import urllib.parse
@@ -58,10 +59,14 @@ async def _open_raw_tcp(address: str) -> RawStream:
 
 async def _open_raw_shm(address: str) -> RawStream:
     # The shm handshake runs over an abstract Unix socket (imported late: a transport
-    # that does not import must only skip its own tests).
+    # that does not import must only skip its own tests). Connected here, not by path:
+    # uvloop cannot connect to an abstract name itself.
     from tianji.transports.shm import socket_address
 
-    return await asyncio.open_unix_connection(socket_address(address).decode())
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, socket_address(address))
+    return await asyncio.open_unix_connection(sock=sock)
 
 
 RAW_STREAMS: dict[str, Callable[[str], Awaitable[RawStream]]] = {

@@ -377,21 +377,21 @@ class RingReader:
                 return frames, held
             if kind == KIND_WRAP and off + size == n:
                 self._consume(size, 0, 0, None)
-            elif kind == KIND_BEGIN and self._asm is None:
+                continue
+            if kind == KIND_BEGIN and self._asm is None:
                 self._asm = self._parse_begin(off, nframes, size, payload)
-                self._consume(size, 0, 0, None)
             elif kind == KIND_CHUNK and self._asm is not None and CHUNK_DATA + payload <= size:
                 self._asm.feed(data[off + CHUNK_DATA : off + CHUNK_DATA + payload])
-                self._consume(size, 0, 0, None)
             else:
                 raise BadFrame("bad_record", f"unexpected record kind {kind} at offset {off}")
             asm = self._asm
-            if asm is not None and not asm.left:
-                self._asm = None
-                self._freed_msgs += 1  # its space went back chunk by chunk
-                self._freed_bytes += asm.payload
-                frames = asm.finish()
-                return frames, (ShmLease(frames, None, asm.payload) if lease else None)
+            if asm.left:
+                self._consume(size, 0, 0, None)
+                continue
+            self._asm = None  # complete: the message counts as read with its last record
+            self._consume(size, 1, asm.payload, None)
+            frames = asm.finish()
+            return frames, (ShmLease(frames, None, asm.payload) if lease else None)
         return None
 
     def _lengths(self, off: int, nframes: int, size: int) -> tuple[int, ...]:

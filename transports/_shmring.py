@@ -50,7 +50,6 @@ SHM_DIR = "/dev/shm"
 PREFIX = "tianji-"
 PAGE = 4096
 HEADER_BYTES = PAGE
-ALIGN = 64
 MIN_RING = 1 << 20  # a BEGIN record (up to 16384 lengths) must fit in half of it
 MAX_ATTACH = 1 << 30  # largest ring a peer may hand us
 
@@ -91,10 +90,6 @@ def header(nframes: int) -> struct.Struct:
         if nframes <= 64:
             _headers[nframes] = s
     return s
-
-
-def align(n: int) -> int:
-    return (n + ALIGN - 1) & -ALIGN
 
 
 def ring_size(queue_bytes: int, max_ring: int) -> int:
