@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,7 +20,7 @@ from tianji.events import ArraysPublished, Heartbeat, topic
 from tianji.service import Service, ServiceOptions
 from tianji.testing import LISTEN_ADDRESSES, free_tcp_port, run_async
 
-SCHEMES = ["inproc", "tcp"]
+SCHEMES = ["inproc", "tcp", "shm"]
 
 
 def arrays(seq: int, size: int = 16) -> ArraysPublished:
@@ -110,7 +111,11 @@ def test_a_publisher_that_appears_later_is_picked_up(scheme: str) -> None:
 
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_subscriber_reconnects_when_the_publisher_comes_back(scheme: str) -> None:
-    address = "inproc://comeback" if scheme == "inproc" else f"tcp://127.0.0.1:{free_tcp_port()}"
+    address = {
+        "inproc": "inproc://comeback",
+        "tcp": f"tcp://127.0.0.1:{free_tcp_port()}",
+        "shm": f"shm://comeback-{os.getpid()}",
+    }[scheme]
     fast = ServiceOptions(reconnect_min=0.01, reconnect_max=0.05)
 
     async def main() -> None:

@@ -227,11 +227,26 @@ class TcpConnection:
         self._write(transport, frames)
 
     async def drain(self) -> None:
+        """Wait until everything sent so far has left our buffers for the kernel.
+
+        uvloop keeps references to written memoryviews until they are sent, so only an
+        empty write buffer means the caller may reuse its arrays. Lowering the limits to
+        zero makes the transport call ``resume_writing`` exactly when it is empty.
+        """
         self._flush()
-        while not self._p._writable.is_set():
-            self._check_open()
-            await self._p._writable.wait()
-        self._check_open()
+        transport = self._check_open()
+        if transport.get_write_buffer_size() == 0:
+            return
+        high = self._p.limits.queue_bytes
+        transport.set_write_buffer_limits(high=0, low=0)
+        try:
+            while transport.get_write_buffer_size() > 0:
+                self._p._writable.clear()
+                await self._p._writable.wait()
+                transport = self._check_open()
+        finally:
+            if not transport.is_closing():
+                transport.set_write_buffer_limits(high=high, low=high // 4)
 
     async def recv(self) -> list[memoryview]:
         if self._closed:
