@@ -1,0 +1,168 @@
+"""The balance policy, pure: counters in, pause/resume decisions out."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tianji.balance import BalanceConfig, BalancePolicy, Observation, stale_mask
+from tianji.errors import ConfigError
+
+PRODUCERS = {"actor-0": 0, "actor-1": 0}
+
+
+def off_policy(**kw: float) -> BalancePolicy:
+    cfg = dict(
+        on_policy=False,
+        replay_ratio=2.0,
+        tolerance=0.5,
+        min_replay_size=100,
+        batch_samples=16,
+        fragment_samples=32,
+    )
+    cfg.update(kw)
+    return BalancePolicy(BalanceConfig(**cfg))  # type: ignore[arg-type]
+
+
+def test_before_min_replay_size_producers_run_and_the_learner_waits() -> None:
+    d = off_policy().decide(Observation(inserted=50, consumed=0, producer_versions=PRODUCERS))
+    assert d.paused == frozenset() and d.learner_waits
+
+
+def test_producers_that_run_ahead_are_paused_and_resume_in_the_band() -> None:
+    policy = off_policy()
+    ahead = policy.decide(Observation(inserted=1100, consumed=1000, producer_versions=PRODUCERS))
+    assert ahead.paused == frozenset(PRODUCERS) and not ahead.learner_waits  # ratio 1.0
+    balanced = policy.decide(Observation(inserted=600, consumed=1000, producer_versions=PRODUCERS))
+    assert balanced.paused == frozenset() and not balanced.learner_waits  # ratio 2.0
+
+
+def test_a_learner_that_runs_ahead_waits_for_data() -> None:
+    d = off_policy().decide(Observation(inserted=400, consumed=1000, producer_versions=PRODUCERS))
+    assert d.learner_waits and d.paused == frozenset()  # ratio 3.33 > 2.5
+
+
+@pytest.mark.parametrize(("produce", "consume"), [(64, 16), (16, 64), (32, 64), (100, 10)])
+def test_a_simulated_run_never_leaves_the_band_for_more_than_one_interval(
+    produce: int, consume: int
+) -> None:
+    """Every tick is one control interval: apply the decision, then let both sides work.
+
+    The ratio starts at 0 (nothing consumed yet) and enters the band as fast as the learner
+    can consume; from then on it may leave the band for one interval at most.
+    """
+    policy = off_policy(batch_samples=consume, fragment_samples=produce // 2)
+    cfg = policy.config
+    inserted = consumed = 0
+    outside = 0
+    entered = False
+    for _ in range(2000):
+        d = policy.decide(
+            Observation(inserted=inserted, consumed=consumed, producer_versions=PRODUCERS)
+        )
+        if not d.paused:
+            inserted += produce
+        if not d.learner_waits:
+            consumed += consume
+        band = policy.band(Observation(inserted=inserted, consumed=consumed), len(PRODUCERS))
+        if band is not None and consumed > 0:
+            in_band = band[0] <= consumed <= band[1]
+            entered = entered or in_band
+            outside = 0 if in_band or not entered else outside + 1
+            assert outside <= 1, (inserted, consumed, band)
+    assert entered and consumed > 0 and inserted > cfg.min_replay_size
+    ratio = policy.ratio(Observation(inserted=inserted, consumed=consumed))
+    assert ratio is not None
+    # The long-run ratio is within the tolerance, up to the one-step error buffer, whose
+    # share of the total shrinks as the run goes on.
+    slack = cfg.replay_ratio * len(PRODUCERS) * cfg.fragment_samples + cfg.batch_samples
+    assert abs(ratio - cfg.replay_ratio) <= cfg.tolerance + slack / (inserted - cfg.min_replay_size)
+
+
+def on_policy(lag: int = 1, batch: int = 512) -> BalancePolicy:
+    return BalancePolicy(BalanceConfig(on_policy=True, max_policy_lag=lag, batch_samples=batch))
+
+
+def test_a_producer_with_too_old_a_policy_is_paused_until_it_has_newer_weights() -> None:
+    policy = on_policy(lag=1)
+    versions = {"actor-0": 3, "actor-1": 5}
+    d = policy.decide(
+        Observation(inserted=0, consumed=0, learner_version=5, producer_versions=versions)
+    )
+    assert d.paused == {"actor-0"}
+    versions["actor-0"] = 4
+    d = policy.decide(
+        Observation(inserted=0, consumed=0, learner_version=5, producer_versions=versions)
+    )
+    assert d.paused == frozenset()
+
+
+def test_producers_pause_before_producing_what_would_be_dropped() -> None:
+    policy = on_policy(lag=1, batch=512)  # the learner uses at most 2 batches within the bound
+    full = Observation(
+        inserted=3072,
+        consumed=2048,
+        learner_version=4,
+        producer_versions={"actor-0": 4, "actor-1": 4},
+    )
+    assert policy.decide(full).paused == {"actor-0", "actor-1"}
+    room = Observation(
+        inserted=3072,
+        consumed=2560,
+        learner_version=5,
+        producer_versions={"actor-0": 5, "actor-1": 5},
+    )
+    assert policy.decide(room).paused == frozenset()
+
+
+def test_exactly_the_samples_over_the_lag_bound_are_stale() -> None:
+    versions = np.array([10, 9, 8, 7, 10, 6])
+    assert stale_mask(versions, learner_version=10, max_policy_lag=2).tolist() == [
+        False,
+        False,
+        False,
+        True,
+        False,
+        True,
+    ]
+
+
+def test_sync_mode_pauses_each_producer_after_one_fragment_per_version() -> None:
+    policy = BalancePolicy(BalanceConfig(mode="sync", on_policy=True))
+    obs = Observation(
+        inserted=0,
+        consumed=0,
+        learner_version=3,
+        producer_versions={"actor-0": 3, "actor-1": 3},
+        fragments_at_version={"actor-0": 1, "actor-1": 0},
+    )
+    assert policy.decide(obs).paused == {"actor-0"}
+    newer = Observation(
+        inserted=0,
+        consumed=0,
+        learner_version=4,
+        producer_versions={"actor-0": 3, "actor-1": 3},
+        fragments_at_version={"actor-0": 1, "actor-1": 0},
+    )
+    assert policy.decide(newer).paused == frozenset()  # new weights are out: go on
+
+
+def test_unbalanced_mode_never_pauses_anyone() -> None:
+    policy = BalancePolicy(BalanceConfig(mode="unbalanced"))
+    d = policy.decide(Observation(inserted=10**6, consumed=0, producer_versions=PRODUCERS))
+    assert d.paused == frozenset() and not d.learner_waits
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"mode": "chaos"},
+        {"replay_ratio": 0.0},
+        {"tolerance": 2.0, "replay_ratio": 1.0},
+        {"max_policy_lag": -1},
+        {"batch_samples": 0},
+    ],
+)
+def test_bad_balance_settings_are_config_errors(kw: dict[str, object]) -> None:
+    with pytest.raises(ConfigError):
+        BalanceConfig(**kw)  # type: ignore[arg-type]
