@@ -57,6 +57,16 @@ def box_obs_problem(observation_space: Any) -> str | None:
     return None
 
 
+def require_spaces(problem: str | None, observation_space: Any, action_space: Any) -> None:
+    """Raise the ConfigError an algorithm's constructor gives for unsupported spaces.
+
+    Args:
+        problem: what the algorithm's ``check_spaces`` returned (``None``: supported).
+    """
+    if problem is not None:
+        raise ConfigError("algorithm.spaces", (observation_space, action_space), problem)
+
+
 def flat_dim(shape: Sequence[int]) -> int:
     """Number of elements of one item of ``shape`` (1 for a scalar shape)."""
     return int(math.prod(shape))

@@ -28,6 +28,7 @@ from tianji.algorithms._nets import (
     numpy_weights,
     obs_tensor,
     pick_device,
+    require_spaces,
     seeded_init,
 )
 from torch import nn
@@ -207,9 +208,9 @@ class DQN:
         seed: int = 0,
         device: str = "auto",
     ) -> None:
-        problem = self.check_spaces(observation_space, action_space)
-        if problem is not None:
-            raise ConfigError("algorithm.spaces", (observation_space, action_space), problem)
+        require_spaces(
+            self.check_spaces(observation_space, action_space), observation_space, action_space
+        )
         self.config = config
         self.device = pick_device(device)
         self.n_actions = int(action_space.n)

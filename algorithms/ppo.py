@@ -30,6 +30,7 @@ from tianji.algorithms._nets import (
     numpy_weights,
     obs_tensor,
     pick_device,
+    require_spaces,
     seeded_init,
 )
 from torch import nn
@@ -252,9 +253,9 @@ class PPO:
         seed: int = 0,
         device: str = "auto",
     ) -> None:
-        problem = self.check_spaces(observation_space, action_space)
-        if problem is not None:
-            raise ConfigError("algorithm.spaces", (observation_space, action_space), problem)
+        require_spaces(
+            self.check_spaces(observation_space, action_space), observation_space, action_space
+        )
         from gymnasium import spaces
 
         self.config = config
