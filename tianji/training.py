@@ -45,7 +45,6 @@ class TrainMonitor(Service):
         self.episodes = 0
         self.time_to_target: float | None = None
         self.steps_to_target: int | None = None
-        self.curve: list[tuple[int, float, float]] = []  # (env steps, seconds, mean return)
         self.subscribe(EPISODES, self.on_episodes)
 
     @property
@@ -63,7 +62,6 @@ class TrainMonitor(Service):
         if mean is None:
             return
         elapsed = time.monotonic() - self.started
-        self.curve.append((self.env_steps, round(elapsed, 3), mean))
         target = self.stop_config.target_return
         full = len(self.returns) == self.returns.maxlen
         if target is not None and self.time_to_target is None and full and mean >= target:
