@@ -226,7 +226,9 @@ def summarize(
             round(monitor.time_to_target, 3) if monitor.time_to_target is not None else None
         ),
         "env_steps_to_target": monitor.steps_to_target,
-        "policy_lag": LagStats.summarize(lag_counts),
+        "policy_lag": LagStats.summarize(
+            lag_counts, counters.get("lag_sum", 0), counters.get("lag_max", 0)
+        ),
     }
 
 

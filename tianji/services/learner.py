@@ -22,28 +22,49 @@ __all__ = ["LagStats", "LearnerService"]
 
 
 class LagStats:
-    """Distribution of policy lag (in versions) over consumed samples."""
+    """Distribution of policy lag (in versions) over consumed samples, with bounded size.
+
+    Lags below ``EXACT`` are counted exactly; larger ones (replay) in power-of-two buckets
+    named by their lower bound, so a heartbeat carries at most ~``EXACT`` + 60 counters.
+    The sum and the maximum are kept exactly.
+    """
+
+    EXACT = 32
 
     def __init__(self) -> None:
         self.counts: collections.Counter[int] = collections.Counter()
+        self.total_lag = 0
+        self.max_lag = 0
+
+    @classmethod
+    def bucket(cls, lag: int) -> int:
+        return lag if lag < cls.EXACT else 1 << (lag.bit_length() - 1)
 
     def add(self, lags: np.ndarray) -> None:
-        values, counts = np.unique(lags.astype(np.int64), return_counts=True)
+        lags = lags.astype(np.int64)
+        if not lags.size:
+            return
+        self.total_lag += int(lags.sum())
+        self.max_lag = max(self.max_lag, int(lags.max()))
+        values, counts = np.unique(lags, return_counts=True)
         for v, c in zip(values.tolist(), counts.tolist(), strict=True):
-            self.counts[int(v)] += int(c)
+            self.counts[self.bucket(int(v))] += int(c)
 
     def as_counters(self) -> dict[str, int]:
-        """Histogram as heartbeat counters ``lag/<k>``."""
-        return {f"lag/{k}": n for k, n in self.counts.items()}
+        """Histogram as heartbeat counters ``lag/<bucket>``, plus ``lag_sum`` and ``lag_max``."""
+        out = {f"lag/{k}": n for k, n in self.counts.items()}
+        out["lag_sum"] = self.total_lag
+        out["lag_max"] = self.max_lag
+        return out
 
     @staticmethod
-    def summarize(counts: dict[int, int]) -> dict[str, float] | None:
-        """mean, p50, p95, max of a lag histogram (None when empty)."""
+    def summarize(counts: dict[int, int], total_lag: int, max_lag: int) -> dict[str, float] | None:
+        """mean, p50, p95, max (None when empty); quantiles above ``EXACT`` are bucket
+        lower bounds."""
         total = sum(counts.values())
         if total == 0:
             return None
         keys = sorted(counts)
-        mean = sum(k * counts[k] for k in keys) / total
 
         def quantile(q: float) -> float:
             seen = 0
@@ -53,7 +74,12 @@ class LagStats:
                     return float(k)
             return float(keys[-1])
 
-        return {"mean": mean, "p50": quantile(0.5), "p95": quantile(0.95), "max": float(keys[-1])}
+        return {
+            "mean": total_lag / total,
+            "p50": quantile(0.5),
+            "p95": quantile(0.95),
+            "max": float(max_lag),
+        }
 
 
 class LearnerService(Service):
