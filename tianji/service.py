@@ -175,7 +175,7 @@ class Service:
         first = name not in self._handlers
         self._handlers.setdefault(name, []).append(handler)
         if first and self._controller_conn is not None and self._registered.is_set():
-            self._spawn(self._send_control(WatchTopics(topics=(name,))))
+            self._spawn(self._send_quietly(self._controller_conn, WatchTopics(topics=(name,))))
 
     def add_publisher(self, topic_or_type: str | type[Event], address: str) -> None:
         """Subscribe to ``topic`` at a known publisher address (manual wiring)."""
@@ -442,7 +442,7 @@ class Service:
         if name not in self._publishes:
             self._publishes.add(name)
             if self._controller_conn is not None and self._registered.is_set():
-                self._spawn(self._send_control(self._registration()))
+                self._spawn(self._send_quietly(self._controller_conn, self._registration()))
 
     def _drop_subscriber(self, conn: Connection, exc: TianjiError) -> None:
         if isinstance(exc, EndOfStream):  # it said goodbye: left, not lost
@@ -455,6 +455,17 @@ class Service:
             conns.discard(conn)
         conn.abort()
         self._notify()
+
+    async def _send_quietly(self, conn: Connection | None, ev: Event) -> None:
+        """Send a request in the background; a broken link is not fatal here, because the
+        reconnect path sends the full registration / subscription again."""
+        if conn is None:
+            return
+        try:
+            await conn.send(self._frames(ev, CONTROL))
+        except TianjiError as exc:
+            self.counters["requests_unsent"] += 1
+            log.info("%s: %s not sent to %s: %s", self.name, ev.TYPE, conn.peer, exc)
 
     async def _send_control(self, ev: Event) -> None:
         conn = self._controller_conn
@@ -510,7 +521,7 @@ class Service:
             link.task = self._spawn(self._link_loop(link))
         elif new and link.conn is not None:
             conn = link.conn
-            self._spawn(conn.send(self._frames(Subscribe(topics=tuple(sorted(new))), CONTROL)))
+            self._spawn(self._send_quietly(conn, Subscribe(topics=tuple(sorted(new)))))
 
     def _set_publishers(self, name: str, addresses: Sequence[str]) -> None:
         wanted = set(addresses) - {self.address}
