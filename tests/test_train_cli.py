@@ -70,8 +70,9 @@ def _summary(tmp_path: Path, *args: str) -> dict[str, object]:
 @pytest.mark.slow
 def test_ppo_reaches_475_on_cartpole_with_two_actor_processes(tmp_path: Path) -> None:
     s = _summary(tmp_path, str(EXAMPLES / "cartpole_ppo.toml"), "--target-return", "475")
-    assert s["time_to_target_s"] is not None, s
-    assert s["final_return"] >= 475  # type: ignore[operator]
+    assert s["time_to_target_s"] is not None, s  # the last-20 mean reached 475
+    # final_return is the last-20 mean when the run ended, a few episodes later: it may dip
+    assert s["final_return"] >= 400  # type: ignore[operator]
     assert s["actors"] == 2 and s["learner_updates"] > 0
     lag = s["policy_lag"]
     assert isinstance(lag, dict) and lag["max"] <= 1
