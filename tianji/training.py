@@ -80,11 +80,18 @@ class TrainMonitor(Service):
         return None
 
 
+def _binds(transport: str) -> tuple[str, str]:
+    """Listen addresses for (the run's services, the controller and monitor).
+
+    The controller and monitor listen on TCP unless everything runs in one process.
+    """
+    services = {"inproc": "inproc://", "tcp": "tcp://127.0.0.1:0", "shm": "shm://"}[transport]
+    return services, "inproc://" if transport == "inproc" else "tcp://127.0.0.1:0"
+
+
 def build_specs(config: RunConfig, buffer_spec: dict[str, Any]) -> list[ServiceSpec]:
     """One spec per service: params, buffer, learner, actors."""
-    bind = "inproc://" if config.transport == "inproc" else f"{config.transport}://"
-    if config.transport == "tcp":
-        bind = "tcp://127.0.0.1:0"
+    bind = _binds(config.transport)[0]
     data = to_dict(config)
     specs = [
         ServiceSpec(name="params-0", factory="tianji.services.params:ParamsService", bind=bind),
@@ -135,12 +142,12 @@ def train(
     buffer_spec = dataclasses.asdict(algo.buffer_spec())
     del algo
     specs = build_specs(config, buffer_spec)
+    control_bind = _binds(config.transport)[1]
     monitor_box: list[TrainMonitor] = []
 
     def local(controller_address: str) -> list[Service]:
-        bind = "inproc://" if config.transport == "inproc" else "tcp://127.0.0.1:0"
         monitor = TrainMonitor(
-            "monitor", stop=config.stop, bind=bind, controller=controller_address
+            "monitor", stop=config.stop, bind=control_bind, controller=controller_address
         )
         monitor_box.append(monitor)
         return [monitor]
@@ -152,7 +159,7 @@ def train(
         specs,
         until=until,
         in_process=config.transport == "inproc",
-        controller_bind="inproc://" if config.transport == "inproc" else "tcp://127.0.0.1:0",
+        controller_bind=control_bind,
         local_services=local,
         progress=lambda c, t: print(progress_line(c, monitor_box[0], t), file=out, flush=True),
         progress_interval=2.0,
