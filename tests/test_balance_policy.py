@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -79,8 +81,18 @@ def test_a_simulated_run_never_leaves_the_band_for_more_than_one_interval(
     assert abs(ratio - cfg.replay_ratio) <= cfg.tolerance + slack / (inserted - cfg.min_replay_size)
 
 
-def on_policy(lag: int = 1, batch: int = 512) -> BalancePolicy:
-    return BalancePolicy(BalanceConfig(on_policy=True, max_policy_lag=lag, batch_samples=batch))
+def on_policy(
+    lag: int = 1, batch: int = 1024, fragment: int = 512, target: int = 1
+) -> BalancePolicy:
+    return BalancePolicy(
+        BalanceConfig(
+            on_policy=True,
+            max_policy_lag=lag,
+            lag_target=target,
+            batch_samples=batch,
+            fragment_samples=fragment,
+        )
+    )
 
 
 def test_a_producer_with_too_old_a_policy_is_paused_until_it_has_newer_weights() -> None:
@@ -98,21 +110,94 @@ def test_a_producer_with_too_old_a_policy_is_paused_until_it_has_newer_weights()
 
 
 def test_producers_pause_before_producing_what_would_be_dropped() -> None:
-    policy = on_policy(lag=1, batch=512)  # the learner uses at most 2 batches within the bound
-    full = Observation(
-        inserted=3072,
-        consumed=2048,
-        learner_version=4,
-        producer_versions={"actor-0": 4, "actor-1": 4},
-    )
-    assert policy.decide(full).paused == {"actor-0", "actor-1"}
-    room = Observation(
-        inserted=3072,
-        consumed=2560,
-        learner_version=5,
-        producer_versions={"actor-0": 5, "actor-1": 5},
-    )
-    assert policy.decide(room).paused == frozenset()
+    policy = on_policy(lag=1, batch=1024, fragment=512)
+    fresh = {"actor-0": 4, "actor-1": 4}
+    # The batch in training (1024) is consumed at version 4; with the other actor's
+    # fragment in progress a new fragment is consumed at 4 + 1536 // 1024 = 5: lag 1, fine.
+    training = Observation(inserted=5120, consumed=4096, learner_version=4, producer_versions=fresh)
+    assert policy.consumed_at(training, 2) == 5
+    assert policy.decide(training).paused == frozenset()
+    # One more batch waiting behind it: a new fragment would be consumed at 6, lag 2.
+    backlog = Observation(inserted=6144, consumed=4096, learner_version=4, producer_versions=fresh)
+    assert policy.decide(backlog).paused == {"actor-0", "actor-1"}
+    # Dropped samples are not waiting any more.
+    drained = dataclasses.replace(backlog, dropped=1024)
+    assert policy.decide(drained).paused == frozenset()
+    # A larger target (within a larger bound) allows a longer backlog.
+    assert on_policy(lag=2, target=2).decide(backlog).paused == frozenset()
+    assert on_policy(lag=3, target=1).decide(backlog).paused == {"actor-0", "actor-1"}
+
+
+def test_on_policy_lag_of_consumed_samples_stays_within_the_bound_in_a_simulation() -> None:
+    """A discrete simulation: producers take ``collect`` ticks per fragment, the learner
+    ``train`` ticks per batch, weights reach producers ``delay`` ticks after an update.
+    Decisions apply from the tick after the state they saw (one control interval late,
+    shorter than a fragment). Nothing consumed exceeds the bound, and little is produced only to be
+    dropped as stale."""
+    lag_bound, frag, batch = 1, 512, 1024
+    for collect, train, delay in [
+        (3, 2, 1),
+        (4, 8, 1),
+        (6, 1, 0),
+        (3, 3, 2),
+        (10, 30, 1),
+        (10, 3, 1),
+    ]:
+        policy = on_policy(lag=lag_bound, batch=batch, fragment=frag)
+        version = 0
+        queue: list[int] = []  # versions of waiting fragments
+        producer = {"a": [0, 0], "b": [0, 0]}  # weights version, ticks into the fragment
+        in_flight: list[tuple[int, int]] = []  # (arrive tick, version) of weights
+        training = 0
+        inserted = consumed = dropped = 0
+        paused: frozenset[str] = frozenset()
+        lags: list[int] = []
+        for tick in range(3000):
+            for p, state in producer.items():
+                if state[1] == 0 and p in paused:
+                    continue
+                started = state[1] == 0
+                state[1] += 1
+                if state[1] >= collect:
+                    queue.append(state[2] if len(state) > 2 else state[0])
+                    inserted += frag
+                    state[1] = 0
+                    del state[2:]
+                elif started:
+                    state.append(state[0])  # the version that acts in this fragment
+            if training == 0:  # the buffer drops what is stale, then serves a batch
+                fresh = [v for v in queue if version - v <= lag_bound]
+                dropped += (len(queue) - len(fresh)) * frag
+                queue = fresh
+                if len(queue) * frag >= batch:
+                    lags += [version - v for v in queue[: batch // frag]]
+                    del queue[: batch // frag]
+                    training = train
+            if training:
+                training -= 1
+                if training == 0:
+                    consumed += batch
+                    version += 1
+                    in_flight.append((tick + delay, version))
+            for arrive, v in list(in_flight):
+                if arrive <= tick:
+                    for state in producer.values():
+                        state[0] = max(state[0], v)
+                    in_flight.remove((arrive, v))
+            obs = Observation(  # what the heartbeats say at the end of this tick
+                inserted=inserted,
+                consumed=consumed,
+                dropped=dropped,
+                learner_version=version,
+                producer_versions={p: v[0] for p, v in producer.items()},
+            )
+            paused = policy.decide(obs).paused  # acted on from the next tick
+        assert lags and max(lags) <= lag_bound, (collect, train, delay)
+        assert dropped <= 0.02 * inserted, (collect, train, delay, dropped, inserted)
+        # ... and the pipeline keeps the slower side busy (no lock-step): consumption is
+        # close to the bottleneck's rate, actors collecting while the learner trains.
+        bottleneck = min(2 * frag / collect, batch / train)
+        assert consumed / 3000 >= 0.8 * bottleneck, (collect, train, delay)
 
 
 def test_exactly_the_samples_over_the_lag_bound_are_stale() -> None:

@@ -32,6 +32,7 @@ from tianji.events import (
     ActionsComputed,
     ArraysPublished,
     BatchRequested,
+    ConsumptionGranted,
     EpisodesFinished,
     Event,
     Heartbeat,
@@ -193,6 +194,7 @@ def sample_events() -> list[Event]:
         Shutdown(reason="done"),
         PauseProduction(reason="learner is behind"),
         ResumeProduction(reason="caught up"),
+        ConsumptionGranted(limit=4096, reason="consumed 3968 in [3000, 4096]"),
         ArraysPublished(
             seq=7,
             policy_version=3,

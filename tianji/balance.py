@@ -1,8 +1,5 @@
 """The balance policy: a pure function of observed counters -> pause/resume decisions.
 
-Status: the pure policy and its tests (groundwork of the controller issue); the service
-shell that feeds it heartbeats and sends Pause/ResumeProduction is not wired in yet.
-
 TianJi's claim is that relaxed (asynchronous) components still converge when sample
 production and consumption are balanced, which bounds staleness. This module makes that
 explicit and testable without any I/O; the controller's service shell feeds it the
@@ -15,24 +12,45 @@ Producers that run ahead (ratio below the band) get no credit and pause; a learn
 runs ahead (ratio above the band) waits for data.
 
 On-policy (rollouts): no consumed sample may be older than ``max_policy_lag`` versions.
-A producer whose policy is already that stale is paused until it has newer weights, and
-producers pause while more is buffered than the learner can consume within the lag bound,
-so they do not produce what would only be dropped. :func:`stale_mask` says exactly which
+The policy computes the learner version at which a fragment started now would be consumed
+(:meth:`BalancePolicy.consumed_at`: the backlog is consumed first, one batch per version)
+and pauses every producer for which that exceeds the bound: producers with stale weights
+(until they have newer ones) and all producers while the backlog is too long, so they do
+not produce what would only be dropped. With ``max_policy_lag >= 1`` actors collect the
+next batch while the learner trains on the previous one. :func:`stale_mask` says exactly which
 samples exceed the bound (they are dropped and counted as ``stale``).
 
 Modes: ``relaxed`` (the above), ``sync`` (a producer pauses after each fragment until the
-learner publishes a newer version), ``unbalanced`` (never pauses anyone).
+learner publishes a newer version, and an off-policy learner consumes exactly
+``replay_ratio`` samples per inserted one: it waits for every actor's fragment), and
+``unbalanced`` (never pauses anyone, no staleness bound).
+
+The service shell is :class:`tianji.controller.Balancer`: it builds an
+:class:`Observation` from heartbeats, calls :meth:`BalancePolicy.decide` and sends the
+differences as command events (``PauseProduction`` / ``ResumeProduction`` to producers,
+``ConsumptionGranted`` to learners).
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 
 import numpy as np
 
+from tianji.config import RunConfig
+from tianji.core import BufferSpec
 from tianji.errors import ConfigError
 
-__all__ = ["BalanceConfig", "BalancePolicy", "Decision", "Observation", "stale_mask"]
+__all__ = [
+    "BalanceConfig",
+    "BalancePolicy",
+    "Decision",
+    "LagStats",
+    "Observation",
+    "balance_config",
+    "stale_mask",
+]
 
 MODES = ("relaxed", "sync", "unbalanced")
 
@@ -53,6 +71,10 @@ class BalanceConfig:
     """Off-policy: inserts before the learner may start (producers never pause before)."""
     max_policy_lag: int = 1
     """On-policy: the oldest policy version a consumed sample may have, behind the learner."""
+    lag_target: int = 1
+    """On-policy: producers pause when a new fragment would be consumed more than this many
+    versions after the policy that collects it (at most ``max_policy_lag``). Keeping it
+    below the hard bound leaves room for fragments that arrive out of order."""
     batch_samples: int = 1
     """Samples the learner consumes per update (one version step)."""
     fragment_samples: int = 1
@@ -72,6 +94,7 @@ class BalanceConfig:
             or self.batch_samples < 1
             or self.fragment_samples < 1
             or self.min_replay_size < 0
+            or self.lag_target < 0
         ):
             raise ConfigError(
                 "controller",
@@ -103,11 +126,21 @@ class Observation:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Decision:
-    """Which producers should be paused now, and whether the learner must wait."""
+    """Which producers should be paused now, and how far the learner may consume.
+
+    Attributes:
+        paused: producers that must not produce now.
+        learner_waits: the learner must not start its next update now.
+        reason: a human-readable explanation (logged on changes).
+        consume_limit: the cumulative ``consumed`` count the learner may reach (its grant);
+            ``None`` means unlimited. ``learner_waits`` is
+            ``consumed + batch_samples > consume_limit``.
+    """
 
     paused: frozenset[str]
     learner_waits: bool
     reason: str
+    consume_limit: int | None = None
 
 
 class BalancePolicy:
@@ -141,7 +174,12 @@ class BalancePolicy:
                 if obs.fragments_at_version.get(p, 0) >= 1
                 and obs.producer_versions[p] >= obs.learner_version
             )
-            return Decision(waiting, False, "sync: one fragment per version")
+            if cfg.on_policy:  # the learner's batch is one fragment of every actor
+                return Decision(waiting, False, "sync: one fragment per version")
+            effective = max(0, obs.inserted - cfg.min_replay_size)
+            limit = int(effective * cfg.replay_ratio) if effective > 0 else 0
+            waits = obs.consumed + cfg.batch_samples > limit
+            return Decision(waiting, waits, f"sync: consumed {obs.consumed} <= {limit}", limit)
         if cfg.on_policy:
             return self._on_policy(obs, producers)
         return self._off_policy(obs, producers)
@@ -168,7 +206,7 @@ class BalancePolicy:
         cfg = self.config
         band = self.band(obs, len(producers))
         if band is None:
-            return Decision(frozenset(), True, f"filling: {obs.inserted}/{cfg.min_replay_size}")
+            return Decision(frozenset(), True, f"filling: {obs.inserted}/{cfg.min_replay_size}", 0)
         step = dataclasses.replace(
             obs, inserted=obs.inserted + len(producers) * cfg.fragment_samples
         )
@@ -177,19 +215,34 @@ class BalancePolicy:
         producers_wait = obs.consumed < after_inserts[0]
         learner_waits = obs.consumed + cfg.batch_samples > band[1]
         paused = producers if producers_wait else frozenset()
-        return Decision(paused, learner_waits, f"consumed {obs.consumed} in {band}")
+        reason = f"consumed {obs.consumed} in [{band[0]:.0f}, {band[1]:.0f}]"
+        return Decision(paused, learner_waits, reason, int(band[1]))
+
+    def consumed_at(self, obs: Observation, producers: int) -> int:
+        """The learner version at which a fragment started now would be consumed.
+
+        Everything not yet consumed (``buffered``, including the batch in training) is
+        consumed first, ``batch_samples`` per version, and so are the fragments the other
+        producers may be in the middle of. ``version + backlog / batch`` does not change
+        while the learner works through the backlog, so this holds for a fragment that
+        takes a while to collect, too.
+        """
+        cfg = self.config
+        buffered = max(0, obs.inserted - obs.consumed - obs.dropped)
+        ahead = buffered + max(0, producers - 1) * cfg.fragment_samples
+        return obs.learner_version + ahead // cfg.batch_samples
 
     def _on_policy(self, obs: Observation, producers: frozenset[str]) -> Decision:
+        """Pause each producer whose next fragment would exceed ``max_policy_lag`` when
+        consumed: producers with stale weights, and every producer while the backlog is
+        more than the learner can use within the bound."""
         cfg = self.config
-        oldest_ok = obs.learner_version - cfg.max_policy_lag
-        stale = frozenset(p for p in producers if obs.producer_versions[p] < oldest_ok)
-        buffered = obs.inserted - obs.consumed - obs.dropped
-        # What the learner can still consume before today's samples exceed the lag bound.
-        room = (cfg.max_policy_lag + 1) * cfg.batch_samples
-        if buffered >= room:
-            return Decision(producers, False, f"buffered {buffered} >= {room} usable")
-        reason = f"stale producers {sorted(stale)}" if stale else "balanced"
-        return Decision(stale, False, reason)
+        at = self.consumed_at(obs, len(producers))
+        target = min(cfg.lag_target, cfg.max_policy_lag)
+        paused = frozenset(p for p in producers if at - obs.producer_versions[p] > target)
+        if not paused:
+            return Decision(paused, False, "balanced")
+        return Decision(paused, False, f"would be consumed at version {at}: lag over bound")
 
 
 def stale_mask(
@@ -197,3 +250,107 @@ def stale_mask(
 ) -> np.ndarray:
     """True for the samples whose lag exceeds ``max_policy_lag`` (to be dropped as stale)."""
     return (learner_version - np.asarray(sample_versions)) > max_policy_lag
+
+
+def balance_config(run: RunConfig, spec: BufferSpec, fragment_samples: int) -> BalanceConfig:
+    """The balance settings of a run: ``[controller]`` plus what the algorithm's buffer says.
+
+    Args:
+        run: the run config.
+        spec: the algorithm's buffer spec (rollout: ``batch_size`` counts fragments).
+        fragment_samples: transitions in one actor fragment (``T * N``).
+
+    Raises:
+        ConfigError: for settings under which ``sync`` could never make progress.
+    """
+    ctl = run.controller
+    on_policy = spec.kind == "rollout"
+    batch = spec.batch_size * fragment_samples if on_policy else spec.batch_size
+    cfg = BalanceConfig(
+        mode=ctl.mode,
+        on_policy=on_policy,
+        replay_ratio=ctl.replay_ratio,
+        tolerance=ctl.tolerance,
+        min_replay_size=0 if on_policy else spec.min_size,
+        max_policy_lag=run.learner.max_policy_lag,
+        lag_target=ctl.lag_target,
+        batch_samples=batch,
+        fragment_samples=fragment_samples,
+    )
+    if ctl.mode == "sync" and on_policy and spec.batch_size != run.actors.count:
+        raise ConfigError(
+            "controller.mode",
+            "sync",
+            f"a learner batch of one fragment per actor: the algorithm's batch is "
+            f"{spec.batch_size} fragments but actors.count is {run.actors.count}",
+        )
+    round_samples = ctl.replay_ratio * run.actors.count * fragment_samples
+    if ctl.mode == "sync" and not on_policy and round_samples < batch:
+        raise ConfigError(
+            "controller.replay_ratio",
+            ctl.replay_ratio,
+            f"in sync mode, replay_ratio x actors x fragment ({round_samples:g}) >= the "
+            f"batch size {batch}, or a round of fragments never allows an update",
+        )
+    return cfg
+
+
+class LagStats:
+    """Distribution of policy lag (in versions) over consumed samples, with bounded size.
+
+    Lags below ``EXACT`` are counted exactly; larger ones (replay) in power-of-two buckets
+    named by their lower bound, so a heartbeat carries at most ~``EXACT`` + 60 counters.
+    The sum and the maximum are kept exactly.
+    """
+
+    EXACT = 32
+
+    def __init__(self) -> None:
+        self.counts: collections.Counter[int] = collections.Counter()
+        self.total_lag = 0
+        self.max_lag = 0
+
+    @classmethod
+    def bucket(cls, lag: int) -> int:
+        return lag if lag < cls.EXACT else 1 << (lag.bit_length() - 1)
+
+    def add(self, lags: np.ndarray) -> None:
+        lags = lags.astype(np.int64)
+        if not lags.size:
+            return
+        self.total_lag += int(lags.sum())
+        self.max_lag = max(self.max_lag, int(lags.max()))
+        values, counts = np.unique(lags, return_counts=True)
+        for v, c in zip(values.tolist(), counts.tolist(), strict=True):
+            self.counts[self.bucket(int(v))] += int(c)
+
+    def as_counters(self) -> dict[str, int]:
+        """Histogram as heartbeat counters ``lag/<bucket>``, plus ``lag_sum`` and ``lag_max``."""
+        out = {f"lag/{k}": n for k, n in self.counts.items()}
+        out["lag_sum"] = self.total_lag
+        out["lag_max"] = self.max_lag
+        return out
+
+    @staticmethod
+    def summarize(counts: dict[int, int], total_lag: int, max_lag: int) -> dict[str, float] | None:
+        """mean, p50, p95, max (None when empty); quantiles above ``EXACT`` are bucket
+        lower bounds."""
+        total = sum(counts.values())
+        if total == 0:
+            return None
+        keys = sorted(counts)
+
+        def quantile(q: float) -> float:
+            seen = 0
+            for k in keys:
+                seen += counts[k]
+                if seen >= q * total:
+                    return float(k)
+            return float(keys[-1])
+
+        return {
+            "mean": total_lag / total,
+            "p50": quantile(0.5),
+            "p95": quantile(0.95),
+            "max": float(max_lag),
+        }

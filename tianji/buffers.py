@@ -371,6 +371,11 @@ class RolloutBuffer:
         return dropped
 
     @property
+    def stored_transitions(self) -> int:
+        """Transitions in the stored fragments."""
+        return sum(_fragment_transitions(f) for f, _ in self.fragments)
+
+    @property
     def evicted_transitions(self) -> int:
         """Transitions in fragments evicted because the buffer was full."""
         return self._evicted_transitions

@@ -36,6 +36,7 @@ from tianji.errors import ConfigError
 
 __all__ = [
     "ActorConfig",
+    "ControllerConfig",
     "EnvConfig",
     "LearnerConfig",
     "RunConfig",
@@ -123,6 +124,42 @@ class StopConfig:
     """Episodes in the moving mean for ``target_return`` and ``final_return``."""
 
 
+CONTROLLER_MODES = ("relaxed", "sync", "unbalanced")
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ControllerConfig:
+    """How the controller balances production and consumption (see ``tianji.balance``)."""
+
+    mode: str = "relaxed"
+    """relaxed: asynchronous, balanced, staleness-bounded; sync: actors wait for new weights
+    after each fragment and the learner waits for every actor; unbalanced: asynchronous with
+    no limits (to measure what the balance buys)."""
+    replay_ratio: float = 2.0
+    """Off-policy: samples the learner consumes per sample inserted."""
+    tolerance: float = 1.0
+    """Off-policy: the allowed deviation of the consumed/inserted ratio from replay_ratio."""
+    lag_target: int = 1
+    """On-policy: producers pause when what they would collect next would be consumed more
+    than this many policy versions late (``learner.max_policy_lag`` is the hard bound: older
+    samples are dropped as stale). 1 lets actors collect the next batch while the learner
+    trains on the previous one."""
+    report_interval: float = 0.01
+    """Seconds between two progress reports of one service (they are sent on change)."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in CONTROLLER_MODES:
+            raise ConfigError("controller.mode", self.mode, " | ".join(CONTROLLER_MODES))
+        if not 0 <= self.tolerance < self.replay_ratio:
+            raise ConfigError(
+                "controller.tolerance", self.tolerance, f"0 <= tolerance < {self.replay_ratio}"
+            )
+        if self.lag_target < 0:
+            raise ConfigError("controller.lag_target", self.lag_target, "an int >= 0")
+        if not 0 <= self.report_interval <= 1:
+            raise ConfigError("controller.report_interval", self.report_interval, "0 .. 1 s")
+
+
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class RunConfig:
     """A whole training run."""
@@ -139,6 +176,7 @@ class RunConfig:
     actors: ActorConfig = dataclasses.field(default_factory=ActorConfig)
     learner: LearnerConfig = dataclasses.field(default_factory=LearnerConfig)
     stop: StopConfig = dataclasses.field(default_factory=StopConfig)
+    controller: ControllerConfig = dataclasses.field(default_factory=ControllerConfig)
     algo: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Fields of the algorithm's own ``Config`` (checked against it)."""
 

@@ -1,9 +1,17 @@
-"""The controller's control plane: registry of services and the topics they publish.
+r"""The controller's control plane: registry of services and the topics they publish.
 
 Services register their listening address and published topics; subscribers watch
 topics and are told the publishers' addresses now and on every change, then connect to
 the publishers directly (bulk data never passes through the controller). The controller
 also keeps each service's latest heartbeat, collects reports and broadcasts commands.
+
+With a :class:`~tianji.balance.BalanceConfig` it also balances the run: a
+:class:`Balancer` turns the heartbeats of actors, buffers and learners into
+:class:`~tianji.balance.Observation`\ s, asks the pure
+:class:`~tianji.balance.BalancePolicy`, and sends what changed as commands
+(:class:`PauseProduction` / :class:`ResumeProduction` to actors,
+:class:`ConsumptionGranted` to learners). It never touches data. It also keeps the run's
+balance metrics (:meth:`Balancer.metrics`) and sample accounting (:func:`accounting`).
 
 Usage::
 
@@ -18,20 +26,25 @@ Usage::
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from tianji.balance import BalanceConfig, BalancePolicy, Decision, LagStats, Observation
 from tianji.core import Connection
 from tianji.errors import TianjiError
 from tianji.events import (
+    ConsumptionGranted,
     Event,
     Heartbeat,
+    PauseProduction,
     PublishersChanged,
     RegisterService,
+    ResumeProduction,
     ServiceRegistered,
     ServiceReported,
     Shutdown,
@@ -39,7 +52,7 @@ from tianji.events import (
 )
 from tianji.service import CONTROL, Service
 
-__all__ = ["Controller", "ServiceRecord"]
+__all__ = ["Balancer", "Controller", "ServiceRecord", "accounting"]
 
 log = logging.getLogger("tianji.controller")
 
@@ -71,8 +84,16 @@ class Controller(Service):
 
     role = "controller"
 
-    def __init__(self, name: str = "controller", *, run_id: str | None = None, **kwargs: Any):
+    def __init__(
+        self,
+        name: str = "controller",
+        *,
+        run_id: str | None = None,
+        balance: BalanceConfig | None = None,
+        **kwargs: Any,
+    ):
         super().__init__(name, **kwargs)
+        self.balancer = Balancer(balance, self._command) if balance is not None else None
         self.run_id = run_id or uuid.uuid4().hex[:12]
         self.registry: dict[str, ServiceRecord] = {}
         self.reports: dict[str, ServiceReported] = {}
@@ -131,6 +152,8 @@ class Controller(Service):
                 self.heartbeats[ev.name] = ev
                 record.last_heartbeat = ev
                 record.last_seen = time.monotonic()
+                if self.balancer is not None and ev.role in Balancer.ROLES:
+                    await self.balancer.update(self.heartbeats, self.registry)
                 self._notify()
         elif isinstance(ev, ServiceReported):
             self.reports[ev.name] = ev
@@ -182,8 +205,222 @@ class Controller(Service):
             for watcher in list(self._watchers.get(name, ())):
                 await self._tell(watcher, update)
 
+    async def _command(self, name: str, ev: Event) -> bool:
+        record = self.registry.get(name)
+        if record is None:
+            return False
+        try:
+            await record.conn.send(self._frames(ev, CONTROL))
+        except TianjiError as exc:
+            log.info("cannot send %s to %s: %s", ev.TYPE, name, exc)
+            return False
+        return True
+
     async def _tell(self, conn: Connection, ev: Event) -> None:
         try:
             await conn.send(self._frames(ev, CONTROL))
         except TianjiError as exc:
             log.debug("cannot tell %s about %s: %s", conn.peer, ev.TYPE, exc)
+
+
+Send = Callable[[str, Event], Awaitable[bool]]
+
+
+class Balancer:
+    """The controller's balance shell: heartbeats in, commands out; the policy decides.
+
+    In ``sync`` mode each actor enforces one fragment per policy version itself (a round
+    trip through the controller would only add latency to the baseline), so the policy's
+    ``paused`` set is reported, not sent; the learner's grant is sent in every mode but
+    ``unbalanced``.
+
+    Args:
+        config: the balance settings.
+        send: ``await send(service_name, event) -> delivered``.
+        window: seconds over which production and consumption rates are measured.
+    """
+
+    ROLES = frozenset({"actor", "buffer", "learner"})
+
+    def __init__(self, config: BalanceConfig, send: Send, *, window: float = 5.0) -> None:
+        self.config = config
+        self.policy = BalancePolicy(config)
+        self._send = send
+        self.window = window
+        self.paused: set[str] = set()
+        self.grants: dict[str, int] = {}
+        self.commands: collections.Counter[str] = collections.Counter()
+        self.decisions = 0
+        self.last: Decision | None = None
+        self._history: collections.deque[tuple[float, int, int]] = collections.deque()
+
+    @staticmethod
+    def observe(heartbeats: Mapping[str, Heartbeat], live: Mapping[str, Any]) -> Observation:
+        """The policy's view of the run from the latest heartbeats of live services."""
+        inserted = consumed = dropped = version = 0
+        versions: dict[str, int] = {}
+        fragments: dict[str, int] = {}
+        for name, hb in heartbeats.items():
+            if hb.role == "buffer":
+                inserted += hb.counters.get("samples_inserted", 0)
+                dropped += _dropped(hb)
+            elif hb.role == "learner":
+                consumed += hb.counters.get("samples_consumed", 0)
+                dropped += _dropped(hb)
+                version = max(version, hb.counters.get("learner_updates", 0))
+            elif hb.role == "actor" and name in live:
+                versions[name] = int(hb.gauges.get("policy_version", -1))
+                fragments[name] = int(hb.gauges.get("fragments_at_version", 0))
+        return Observation(
+            inserted=inserted,
+            consumed=consumed,
+            dropped=dropped,
+            learner_version=version,
+            producer_versions=versions,
+            fragments_at_version=fragments,
+        )
+
+    async def update(self, heartbeats: Mapping[str, Heartbeat], live: Mapping[str, Any]) -> None:
+        """Decide on the latest heartbeats and send what changed."""
+        obs = self.observe(heartbeats, live)
+        self._history.append((time.monotonic(), obs.inserted, obs.consumed))
+        while len(self._history) > 2 and self._history[1][0] < time.monotonic() - self.window:
+            self._history.popleft()
+        if not any(hb.role == "learner" for hb in heartbeats.values()):
+            return
+        decision = self.policy.decide(obs)
+        self.decisions += 1
+        if self.last is None or decision.reason.split(":")[0] != self.last.reason.split(":")[0]:
+            log.debug("balance: %s", decision.reason)
+        self.last = decision
+        if self.config.mode == "relaxed":
+            wanted = set(decision.paused)
+            for name in sorted(wanted - self.paused):
+                if await self._send(name, PauseProduction(reason=decision.reason)):
+                    self.paused.add(name)
+                    self.commands["pause"] += 1
+            for name in sorted(self.paused - wanted):
+                self.paused.discard(name)
+                if await self._send(name, ResumeProduction(reason=decision.reason)):
+                    self.commands["resume"] += 1
+        self.paused &= set(live)
+        if self.config.mode == "unbalanced" or decision.consume_limit is None:
+            return
+        limit = decision.consume_limit
+        learners = [n for n, hb in heartbeats.items() if hb.role == "learner" and n in live]
+        for name in learners:
+            if self.grants.get(name) != limit:
+                grant = ConsumptionGranted(limit=limit, reason=decision.reason)
+                if await self._send(name, grant):
+                    self.grants[name] = limit
+                    self.commands["grant"] += 1
+
+    def rates(self) -> tuple[float, float]:
+        """Samples inserted and consumed per second over the last ``window`` seconds."""
+        if len(self._history) < 2:
+            return 0.0, 0.0
+        t0, i0, c0 = self._history[0]
+        t1, i1, c1 = self._history[-1]
+        dt = t1 - t0
+        return ((i1 - i0) / dt, (c1 - c0) / dt) if dt > 0 else (0.0, 0.0)
+
+    def metrics(self, heartbeats: Mapping[str, Heartbeat]) -> dict[str, Any]:
+        """The run's balance metrics (see docs/architecture.md, "The controller")."""
+        obs = self.observe(heartbeats, heartbeats)
+        production, consumption = self.rates()
+        effective = obs.inserted - self.config.min_replay_size
+        pause = {
+            n: round(hb.gauges.get("paused_s", 0.0), 3)
+            for n, hb in sorted(heartbeats.items())
+            if hb.role == "actor"
+        }
+        wait = sum(hb.gauges.get("waiting_s", 0.0) for hb in heartbeats.values())
+        return {
+            "mode": self.config.mode,
+            "samples_inserted": obs.inserted,
+            "samples_consumed": obs.consumed,
+            "production_per_s": round(production, 1),
+            "consumption_per_s": round(consumption, 1),
+            "ratio": round(obs.consumed / effective, 3) if effective > 0 else None,
+            "ratio_target": None if self.config.on_policy else self.config.replay_ratio,
+            "ratio_window": round(consumption / production, 3) if production > 0 else None,
+            "paused_now": sorted(self.paused),
+            "pause_s": pause,
+            "pause_s_total": round(sum(pause.values()), 3),
+            "learner_wait_s": round(wait, 3),
+            "dropped": dropped_by_reason(heartbeats),
+            "lag": lag_summary(heartbeats),
+            "decisions": self.decisions,
+            "commands": dict(self.commands),
+            "last_decision": self.last.reason if self.last is not None else None,
+        }
+
+
+def _dropped(hb: Heartbeat) -> int:
+    return sum(v for k, v in hb.counters.items() if k.startswith("dropped/"))
+
+
+def dropped_by_reason(heartbeats: Mapping[str, Heartbeat]) -> dict[str, int]:
+    """Samples dropped anywhere in the run, by reason (``dropped/<reason>`` counters)."""
+    out: collections.Counter[str] = collections.Counter()
+    for hb in heartbeats.values():
+        for key, value in hb.counters.items():
+            if key.startswith("dropped/"):
+                out[key.split("/", 1)[1]] += value
+    return dict(sorted(out.items()))
+
+
+def lag_summary(heartbeats: Mapping[str, Heartbeat]) -> dict[str, float] | None:
+    """Policy lag of consumed samples over all learners: mean, p50, p95, max."""
+    counts: collections.Counter[int] = collections.Counter()
+    total = peak = 0
+    for hb in heartbeats.values():
+        if hb.role != "learner":
+            continue
+        for key, value in hb.counters.items():
+            if key.startswith("lag/"):
+                counts[int(key.split("/", 1)[1])] += value
+        total += hb.counters.get("lag_sum", 0)
+        peak = max(peak, hb.counters.get("lag_max", 0))
+    return LagStats.summarize(dict(counts), total, peak)
+
+
+def accounting(heartbeats: Mapping[str, Heartbeat], on_policy: bool) -> dict[str, Any]:
+    """Where every produced sample went, from the counters of actors, buffers and learners.
+
+    On-policy: ``produced = consumed + buffered + dropped + in_flight``; off-policy (replay
+    samples are drawn, not taken): ``produced = buffered + dropped + in_flight`` and
+    ``consumed`` counts draws. ``in_flight`` is measured from both ends of each link
+    (sent by one service, not yet received by the next), never derived from the identity,
+    so ``balanced`` checks the bookkeeping of every service.
+    """
+
+    def total(role: str, key: str, gauge: bool = False) -> int:
+        return int(
+            sum(
+                (hb.gauges if gauge else hb.counters).get(key, 0)
+                for hb in heartbeats.values()
+                if hb.role == role
+            )
+        )
+
+    produced = total("actor", "samples_produced")
+    unsent = total("actor", "dropped/unsent")
+    inserted = total("buffer", "samples_inserted")
+    in_flight = produced - unsent - inserted
+    consumed = total("learner", "samples_consumed")
+    if on_policy:
+        in_flight += total("buffer", "samples_sent") - total("learner", "samples_received")
+    dropped = dropped_by_reason(
+        {n: hb for n, hb in heartbeats.items() if on_policy or hb.role != "learner"}
+    )
+    buffered = total("buffer", "buffered_samples", gauge=True)
+    accounted = buffered + sum(dropped.values()) + in_flight + (consumed if on_policy else 0)
+    return {
+        "produced": produced,
+        "consumed": consumed,
+        "buffered": buffered,
+        "dropped": dropped,
+        "in_flight": in_flight,
+        "balanced": produced == accounted,
+    }

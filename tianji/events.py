@@ -36,6 +36,7 @@ __all__ = [
     "PublishersChanged",
     "RegisterService",
     "ResumeProduction",
+    "ConsumptionGranted",
     "SampleBatch",
     "ServiceRegistered",
     "ServiceReported",
@@ -236,6 +237,15 @@ class PauseProduction(Event):
 class ResumeProduction(Event):
     """Command a paused producer to continue."""
 
+    reason: str
+
+
+@event
+class ConsumptionGranted(Event):
+    """Command a learner: it may consume until its ``samples_consumed`` reaches ``limit``
+    (``-1``: no limit). A grant replaces the previous one."""
+
+    limit: int
     reason: str
 
 

@@ -74,6 +74,8 @@ class ServiceOptions:
     Attributes:
         limits: bounds of every connection the service opens or accepts.
         heartbeat_interval: seconds between heartbeats to the controller.
+        report_interval: the shortest gap (s) between two heartbeats; :meth:`Service.report_soon`
+            asks for one early.
         reconnect_min: first retry delay (s) after a link breaks; doubles up to reconnect_max.
         reconnect_max: longest retry delay (s).
         controller_grace: a service that cannot reach its controller this long fails.
@@ -82,6 +84,7 @@ class ServiceOptions:
 
     limits: Limits = dataclasses.field(default_factory=Limits)
     heartbeat_interval: float = 1.0
+    report_interval: float = 0.01
     reconnect_min: float = 0.05
     reconnect_max: float = 2.0
     controller_grace: float = 15.0
@@ -156,6 +159,7 @@ class Service:
         self._watch_pending: set[str] = set()
         self._ready = asyncio.Event()
         self._stopping = asyncio.Event()
+        self._report_wanted = asyncio.Event()
         self._changed = asyncio.Event()
         self._failure: str | None = None
         self._unyielded = 0
@@ -333,6 +337,7 @@ class Service:
         self._set_state(ServiceState.DRAINING)
         if main is not None and not main.done():
             main.cancel()
+            await asyncio.wait({main}, timeout=1.0)  # let its finally blocks count what is left
         await self._drain()
         for task in list(self._tasks):
             task.cancel()
@@ -357,6 +362,8 @@ class Service:
             try:
                 await asyncio.wait_for(conn.drain(), deadline)
                 await asyncio.wait_for(conn.aclose(), deadline)
+            except EndOfStream:  # the peer said goodbye first: nothing left to deliver
+                conn.abort()
             except (TianjiError, TimeoutError) as exc:
                 self.counters["drain_failures"] += 1
                 log.warning("%s: could not drain %s: %s", self.name, conn.peer, exc)
@@ -628,9 +635,24 @@ class Service:
         else:
             await self.on_control(ev)
 
+    def report_soon(self) -> None:
+        """Send a heartbeat as soon as ``options.report_interval`` allows (not only every
+        ``heartbeat_interval``): services call it when counters the controller balances on
+        have changed, so its decisions follow the run closely."""
+        self._report_wanted.set()
+
     async def _heartbeat_loop(self) -> None:
+        last = 0.0
+        loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(self.options.heartbeat_interval)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.options.heartbeat_interval):
+                    await self._report_wanted.wait()
+            gap = self.options.report_interval - (loop.time() - last)
+            if gap > 0:
+                await asyncio.sleep(gap)
+            self._report_wanted.clear()
+            last = loop.time()
             conn = self._controller_conn
             if conn is None:
                 continue

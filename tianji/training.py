@@ -18,15 +18,16 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from tianji.balance import balance_config
 from tianji.config import RunConfig, to_dict
-from tianji.controller import Controller
+from tianji.controller import Controller, accounting, dropped_by_reason, lag_summary
+from tianji.core import BufferSpec
 from tianji.events import EpisodesFinished
 from tianji.launch.local import LocalLauncher, run_local
 from tianji.launch.spec import ServiceSpec
 from tianji.service import Service
 from tianji.services import EPISODES
 from tianji.services.common import make_algorithm
-from tianji.services.learner import LagStats
 
 __all__ = ["TrainMonitor", "build_specs", "train"]
 
@@ -130,18 +131,32 @@ def build_specs(config: RunConfig, buffer_spec: dict[str, Any]) -> list[ServiceS
 
 
 def train(
-    config: RunConfig, *, summary_path: str | None = None, out: TextIO = sys.stdout
+    config: RunConfig,
+    *,
+    summary_path: str | None = None,
+    metrics_path: str | None = None,
+    out: TextIO = sys.stdout,
 ) -> dict[str, Any]:
     """Run a training job to its end and return (and optionally write) its summary.
+
+    Args:
+        config: the run config.
+        summary_path: write the summary JSON here.
+        metrics_path: append one JSON line of metrics per progress interval here.
+        out: where progress lines go.
 
     Raises:
         ConfigError: before any process starts, for any bad setting.
         ServiceFailed: if a service process fails.
     """
     algo = make_algorithm(config, seed=config.seed, device="cpu")  # validates everything
-    buffer_spec = dataclasses.asdict(algo.buffer_spec())
+    spec: BufferSpec = algo.buffer_spec()
     del algo
-    specs = build_specs(config, buffer_spec)
+    fragment_samples = config.actors.fragment_length * config.actors.envs_per_actor
+    balance = balance_config(config, spec, fragment_samples)  # validates the mode
+    specs = build_specs(config, dataclasses.asdict(spec))
+    on_policy = spec.kind == "rollout"
+    metrics_file = open(metrics_path, "w") if metrics_path else None  # noqa: SIM115
     control_bind = _binds(config.transport)[1]
     monitor_box: list[TrainMonitor] = []
 
@@ -155,18 +170,31 @@ def train(
     def until(controller: Controller) -> bool:
         return bool(monitor_box) and monitor_box[0].done() is not None
 
+    def progress(controller: Controller, elapsed: float) -> None:
+        print(progress_line(controller, monitor_box[0], elapsed), file=out, flush=True)
+        if metrics_file is not None:
+            row = metrics_row(controller, monitor_box[0], elapsed, on_policy)
+            metrics_file.write(json.dumps(row) + "\n")
+            metrics_file.flush()
+
     launcher = LocalLauncher(
         specs,
         until=until,
         in_process=config.transport == "inproc",
         controller_bind=control_bind,
         local_services=local,
-        progress=lambda c, t: print(progress_line(c, monitor_box[0], t), file=out, flush=True),
+        progress=progress,
         progress_interval=2.0,
+        balance=balance,
     )
     started = time.monotonic()
-    result = run_local(launcher)
-    summary = summarize(config, launcher.controller, monitor_box[0], time.monotonic() - started)
+    try:
+        result = run_local(launcher)
+    finally:
+        if metrics_file is not None:
+            metrics_file.close()
+    wall = time.monotonic() - started
+    summary = summarize(config, launcher.controller, monitor_box[0], wall, on_policy)
     summary["stop_reason"] = monitor_box[0].done() or result.reason
     if summary_path:
         Path(summary_path).write_text(json.dumps(summary, indent=2) + "\n")
@@ -192,30 +220,53 @@ def progress_line(controller: Controller, monitor: TrainMonitor, elapsed: float)
     steps = monitor.env_steps
     rate = steps / elapsed if elapsed > 0 else 0.0
     ret = f"{mean:7.1f}" if mean is not None else "      -"
-    return (
+    line = (
         f"[{elapsed:6.1f}s] env steps {steps:>8} ({rate:6.0f}/s) | episodes {monitor.episodes:>5}"
         f" | return(last {monitor.returns.maxlen}) {ret} | updates {updates:>5}"
         f" | lag {lag:4.1f} | buffer {size:6.0f}"
     )
+    balancer = controller.balancer
+    if balancer is not None:
+        produced, consumed = balancer.rates()
+        line += f" | in/out {produced:6.0f}/{consumed:6.0f} per s | paused {len(balancer.paused)}"
+    return line
+
+
+def metrics_row(
+    controller: Controller, monitor: TrainMonitor, elapsed: float, on_policy: bool
+) -> dict[str, Any]:
+    """One row of the run's metrics file (JSON lines)."""
+    learner = controller.heartbeats.get("learner-0")
+    return {
+        "t": round(elapsed, 3),
+        "env_steps": monitor.env_steps,
+        "episodes": monitor.episodes,
+        "mean_return": monitor.mean_return(),
+        "learner_updates": learner.counters.get("learner_updates", 0) if learner else 0,
+        "learner": dict(learner.gauges) if learner else {},
+        "controller": (
+            controller.balancer.metrics(controller.heartbeats) if controller.balancer else None
+        ),
+        "accounting": accounting(controller.heartbeats, on_policy),
+    }
 
 
 def summarize(
-    config: RunConfig, controller: Controller, monitor: TrainMonitor, wall: float
+    config: RunConfig,
+    controller: Controller,
+    monitor: TrainMonitor,
+    wall: float,
+    on_policy: bool = False,
 ) -> dict[str, Any]:
     """The summary JSON of a finished run (see the README for its keys)."""
     learner = controller.heartbeats.get("learner-0")
     counters = learner.counters if learner else {}
-    lag_counts = {int(k.split("/", 1)[1]): v for k, v in counters.items() if k.startswith("lag/")}
-    dropped = collections.Counter[str]()
-    for hb in controller.heartbeats.values():
-        for key, value in hb.counters.items():
-            if key.startswith("dropped/"):
-                dropped[key.split("/", 1)[1]] += value
     env_steps = monitor.env_steps
     return {
         "algorithm": config.algorithm,
         "env_id": config.env.id,
         "seed": config.seed,
+        "mode": config.controller.mode,
         "actors": config.actors.count,
         "envs_per_actor": config.actors.envs_per_actor,
         "transport": config.transport,
@@ -226,16 +277,18 @@ def summarize(
         "env_steps_per_s": round(env_steps / wall, 1) if wall > 0 else 0.0,
         "samples_produced": _sum(controller, "actor-", "samples_produced"),
         "samples_consumed": counters.get("samples_consumed", 0),
-        "samples_dropped": dict(dropped),
+        "samples_dropped": dropped_by_reason(controller.heartbeats),
         "final_return": monitor.mean_return(),
         "target_return": config.stop.target_return,
         "time_to_target_s": (
             round(monitor.time_to_target, 3) if monitor.time_to_target is not None else None
         ),
         "env_steps_to_target": monitor.steps_to_target,
-        "policy_lag": LagStats.summarize(
-            lag_counts, counters.get("lag_sum", 0), counters.get("lag_max", 0)
+        "policy_lag": lag_summary(controller.heartbeats),
+        "controller": (
+            controller.balancer.metrics(controller.heartbeats) if controller.balancer else None
         ),
+        "accounting": accounting(controller.heartbeats, on_policy),
     }
 
 
@@ -248,6 +301,7 @@ SHORTCUTS = {
     "max_env_steps": "stop.max_env_steps",
     "max_seconds": "stop.max_seconds",
     "target_return": "stop.target_return",
+    "mode": "controller.mode",
 }
 
 
@@ -276,7 +330,15 @@ def add_train_parser(sub: Any) -> None:
         type=float,
         help="stop when the mean return of the last 20 episodes reaches this",
     )
+    p.add_argument(
+        "--mode",
+        choices=["relaxed", "sync", "unbalanced"],
+        help="controller.mode: relaxed (default), sync (baseline) or unbalanced (no limits)",
+    )
     p.add_argument("--summary", metavar="PATH", help="write the summary JSON here")
+    p.add_argument(
+        "--metrics", metavar="PATH", help="write one JSON line of metrics every 2 s here"
+    )
     p.set_defaults(func=_cmd_train)
 
 
@@ -291,9 +353,10 @@ def _cmd_train(args: Any) -> int:
     config = load_config(args.config, overrides)
     print(
         f"tianji train: {config.algorithm} on {config.env.id}, {config.actors.count} actors x "
-        f"{config.actors.envs_per_actor} envs, transport {config.transport}, seed {config.seed}",
+        f"{config.actors.envs_per_actor} envs, transport {config.transport}, seed {config.seed}, "
+        f"controller {config.controller.mode}",
         flush=True,
     )
-    summary = train(config, summary_path=args.summary)
+    summary = train(config, summary_path=args.summary, metrics_path=args.metrics)
     print(json.dumps(summary, indent=2))
     return 0

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
+from tianji.balance import BalanceConfig
 from tianji.controller import Controller
 from tianji.errors import ConfigError, ServiceFailed
 from tianji.events import ServiceReported
@@ -119,6 +120,7 @@ class LocalLauncher:
             (with ``inproc://`` binds this is the one-process debugging mode).
         local_services: ``f(controller_address)`` builds extra services (e.g. a monitor)
             that run in this loop for the whole run.
+        balance: when given, the controller balances production and consumption.
     """
 
     def __init__(
@@ -134,6 +136,7 @@ class LocalLauncher:
         options: ServiceOptions | None = None,
         in_process: bool = False,
         local_services: Callable[[str], Sequence[Service]] | None = None,
+        balance: BalanceConfig | None = None,
     ) -> None:
         names = [s.name for s in specs]
         dupes = sorted({n for n in names if names.count(n) > 1})
@@ -145,7 +148,7 @@ class LocalLauncher:
         self.progress = progress
         self.progress_interval = progress_interval
         self.grace = grace
-        self.controller = Controller(bind=controller_bind, options=options)
+        self.controller = Controller(bind=controller_bind, options=options, balance=balance)
         self.children: dict[str, _Child] = {}
         self.in_process = in_process
         self.local_services = local_services

@@ -14,13 +14,21 @@ from tianji.envs import make_vector_env
 from tianji.events import (
     ActionsComputed,
     EpisodesFinished,
+    Event,
     ObservationsReady,
     ParamsPublished,
+    PauseProduction,
+    ResumeProduction,
     TrajectoryCollected,
 )
 from tianji.service import Service
 from tianji.services import EPISODES, LATEST_PARAMS, OBSERVATIONS, TRAJECTORIES, actions_topic
-from tianji.services.common import make_algorithm, parse_run_config
+from tianji.services.common import (
+    apply_run_options,
+    make_algorithm,
+    parse_run_config,
+    transitions,
+)
 
 __all__ = ["ActorService", "FragmentCollector"]
 
@@ -94,6 +102,7 @@ class ActorService(Service):
     def __init__(self, name: str, *, config: dict[str, Any], index: int, **kwargs: Any) -> None:
         super().__init__(name, publishes=[TRAJECTORIES, EPISODES, OBSERVATIONS], **kwargs)
         self.config = parse_run_config(config)
+        apply_run_options(self, self.config)
         self.index = index
         self.seed = self.config.seed + 1000 * (index + 1)
         self.algo = make_algorithm(self.config, seed=self.seed, device="cpu")
@@ -105,16 +114,35 @@ class ActorService(Service):
             self.subscribe(actions_topic(name), self.on_actions)
         self.policy_version = -1
         self.sent_at_version = 0
+        self.on_policy = self.algo.buffer_spec().kind == "rollout"
+        mode = self.config.controller.mode
+        self.fragments_per_version = {"sync": 1, "unbalanced": 0}.get(
+            mode, self.config.actors.max_fragments_per_version
+        )
+        self.paused_by: str | None = None  # the controller's reason while paused
         self._pending: ParamsPublished | None = None
         self._have_params = asyncio.Event()
+        self._changed = asyncio.Event()  # new params or a resume: re-check _pace
+        self.gauges["paused_s"] = 0.0
         self.subscribe(LATEST_PARAMS, self.on_params)
 
     async def on_params(self, ev: ParamsPublished) -> None:
         if ev.policy_version > max(self.policy_version, self._pending_version()):
             self._pending = ev
             self._have_params.set()
+            self._changed.set()
         else:
             self.counters["params_ignored"] += 1
+
+    async def on_control(self, ev: Event) -> None:
+        if isinstance(ev, PauseProduction):
+            self.paused_by = ev.reason
+            self.counters["pauses"] += 1
+        elif isinstance(ev, ResumeProduction):
+            self.paused_by = None
+            self._changed.set()
+        else:
+            await super().on_control(ev)
 
     async def on_actions(self, ev: ActionsComputed) -> None:
         future = self._answers.pop(ev.request_id, None)
@@ -148,24 +176,37 @@ class ActorService(Service):
             self.policy_version = self._pending.policy_version
             self.gauges["policy_version"] = self.policy_version
             self.sent_at_version = 0
+            self.gauges["fragments_at_version"] = 0
             self._pending = None
             self._have_params.clear()
+            self.report_soon()
+
+    def _must_wait(self) -> bool:
+        """Paused by the controller, or this version produced its share of fragments.
+
+        The per-version share (``sync`` mode: one fragment; ``relaxed``:
+        ``actors.max_fragments_per_version``) applies off-policy only once the learner has
+        updated: until then the replay buffer must fill, and waiting would deadlock.
+        """
+        if self.paused_by is not None:
+            return True
+        limit = self.fragments_per_version
+        learning = self.on_policy or self.policy_version > 0
+        return bool(limit) and learning and self.sent_at_version >= limit
 
     async def _pace(self) -> None:
-        """Wait for newer weights once this version produced its share of fragments.
-
-        Not before the learner's first update: until then the buffer must fill (e.g. to
-        DQN's ``learning_starts``), and waiting would deadlock.
-        """
-        limit = self.config.actors.max_fragments_per_version
-        learning = self.policy_version > 0
-        if limit and learning and self.sent_at_version >= limit and self._pending is None:
-            started = asyncio.get_running_loop().time()
-            await self._have_params.wait()
-            waited = asyncio.get_running_loop().time() - started
-            self.gauges["waiting_for_params_s"] = (
-                self.gauges.get("waiting_for_params_s", 0.0) + waited
-            )
+        """Wait while :meth:`_must_wait`; new weights are applied while waiting (a producer
+        paused for stale weights resumes once it has newer ones)."""
+        self._apply_params()
+        if not self._must_wait():
+            return
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        while self._must_wait():
+            self._changed.clear()
+            await self._changed.wait()
+            self._apply_params()
+        self.gauges["paused_s"] += loop.time() - started
 
     async def main(self) -> None:
         import torch
@@ -182,20 +223,27 @@ class ActorService(Service):
         try:
             while True:
                 await self._pace()
-                self._apply_params()
                 self.fragment_version = -1
                 fragment, returns, lengths = await collector.collect(act)
                 version = self.fragment_version if self.remote else self.policy_version
                 steps = actors.fragment_length * actors.envs_per_actor
                 samples = self.algo.postprocess(fragment)
+                produced = transitions(samples)
                 self.counters["env_steps"] += steps
-                self.counters["samples_produced"] += steps
+                self.counters["samples_produced"] += produced
                 self.counters["episodes"] += len(returns)
-                await self.publish(
+                delivered = await self.publish(
                     TrajectoryCollected(actor=self.name, policy_version=version, arrays=samples),
                     TRAJECTORIES,
                 )
+                if not delivered:  # the buffer is gone (it comes back: counted, not lost)
+                    self.counters["dropped/unsent"] += produced
                 self.sent_at_version += 1
+                self.gauges["fragments_at_version"] = self.sent_at_version
+                self.report_soon()
+                # Local acting never suspends: yield once per fragment so new weights and
+                # the controller's commands are handled before the next fragment starts.
+                await asyncio.sleep(0)
                 await self.publish(
                     EpisodesFinished(
                         actor=self.name,

@@ -18,7 +18,7 @@ from tianji.core import BufferSpec
 from tianji.events import BatchRequested, PrioritiesUpdated, SampleBatch, TrajectoryCollected
 from tianji.service import Service
 from tianji.services import BATCHES, PRIORITIES, REQUESTS, TRAJECTORIES
-from tianji.services.common import parse_run_config
+from tianji.services.common import apply_run_options, parse_run_config, transitions
 
 __all__ = ["BufferService"]
 
@@ -39,6 +39,8 @@ class BufferService(Service):
     ) -> None:
         super().__init__(name, publishes=[BATCHES], **kwargs)
         self.config = parse_run_config(config)
+        apply_run_options(self, self.config)
+        self.drop_stale = self.config.controller.mode != "unbalanced"
         self.spec = BufferSpec(**buffer_spec)
         self.buffer = make_buffer(self.spec, seed=self.config.seed)
         self.credit = 0
@@ -49,11 +51,12 @@ class BufferService(Service):
         self.subscribe(PRIORITIES, self.on_priorities)
 
     async def on_trajectory(self, ev: TrajectoryCollected) -> None:
-        steps = _transitions(ev.arrays)
+        steps = transitions(ev.arrays)
         self.buffer.add(ev.arrays, policy_version=ev.policy_version)
         self.counters["samples_inserted"] += steps
         self._count_evictions()
         await self._serve()
+        self.report_soon()
 
     async def on_request_batches(self, ev: BatchRequested) -> None:
         self.credit += ev.count
@@ -79,7 +82,9 @@ class BufferService(Service):
                 versions = np.tile(versions, next(iter(batch.values())).shape[0])
             self.credit -= 1
             self.counters["batches_sent"] += 1
-            self.gauges["size"] = float(len(self.buffer))
+            if isinstance(self.buffer, RolloutBuffer):  # taken out of the buffer
+                self.counters["samples_sent"] += int(versions.size)
+            self._update_size()
             await self.publish(
                 SampleBatch(
                     batch_id=next(self._ids),
@@ -91,12 +96,13 @@ class BufferService(Service):
             )
 
     def _drop_stale(self) -> None:
-        if not isinstance(self.buffer, RolloutBuffer):
+        if not isinstance(self.buffer, RolloutBuffer) or not self.drop_stale:
             return
         oldest = self.learner_version - self.config.learner.max_policy_lag
         dropped = self.buffer.drop_older_than(oldest)
         if dropped:
             self.counters["dropped/stale"] += dropped
+            self._update_size()
 
     def _count_evictions(self) -> None:
         stats = self.buffer.statistics()
@@ -105,11 +111,13 @@ class BufferService(Service):
             self.counters["dropped/evicted"] = self.buffer.evicted_transitions
         else:
             self.counters["dropped/evicted"] = evicted
-        self.gauges["size"] = float(stats["size"])
+        self._update_size()
 
-
-def _transitions(arrays: dict[str, np.ndarray]) -> int:
-    """Transitions in a post-processed fragment: ``T*N`` for ``[T, N, ...]`` rollouts."""
-    first = next(iter(arrays.values()))
-    reward = arrays.get("reward", first)
-    return int(reward.size) if reward.ndim <= 2 else int(np.prod(reward.shape[:2]))
+    def _update_size(self) -> None:
+        """Gauges ``size`` (the buffer's own unit: fragments or transitions) and
+        ``buffered_samples`` (transitions, for the run's sample accounting)."""
+        self.gauges["size"] = float(len(self.buffer))
+        if isinstance(self.buffer, RolloutBuffer):
+            self.gauges["buffered_samples"] = float(self.buffer.stored_transitions)
+        else:
+            self.gauges["buffered_samples"] = float(len(self.buffer))

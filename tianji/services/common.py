@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from tianji import algorithms
 from tianji.config import RunConfig, build_dataclass
 from tianji.envs import env_spaces
 from tianji.errors import ConfigError
 
-__all__ = ["make_algorithm", "parse_run_config"]
+if TYPE_CHECKING:
+    from tianji.service import Service
+
+__all__ = ["apply_run_options", "make_algorithm", "parse_run_config", "transitions"]
 
 
 def parse_run_config(data: dict[str, Any]) -> RunConfig:
@@ -37,3 +42,18 @@ def make_algorithm(config: RunConfig, *, seed: int, device: str) -> Any:
 def run_config_data(config: RunConfig) -> dict[str, Any]:
     """The run config as JSON data for service options."""
     return dataclasses.asdict(config)
+
+
+def apply_run_options(service: Service, config: RunConfig) -> None:
+    """Service runtime options that come from the run config (report interval)."""
+    service.options = dataclasses.replace(
+        service.options, report_interval=config.controller.report_interval
+    )
+
+
+def transitions(arrays: dict[str, np.ndarray]) -> int:
+    """Transitions in a post-processed fragment or batch: ``T*N`` for ``[T, N, ...]``
+    rollouts, the leading dimension for flat transitions."""
+    first = next(iter(arrays.values()))
+    reward = arrays.get("reward", first)
+    return int(reward.size) if reward.ndim <= 2 else int(np.prod(reward.shape[:2]))

@@ -8,99 +8,88 @@ it consumes (learner version at consumption minus the sample's behaviour version
 from __future__ import annotations
 
 import asyncio
-import collections
 from typing import Any
 
 import numpy as np
 
-from tianji.events import BatchRequested, ParamsPublished, PrioritiesUpdated, SampleBatch
+from tianji.balance import LagStats
+from tianji.events import (
+    BatchRequested,
+    ConsumptionGranted,
+    Event,
+    ParamsPublished,
+    PrioritiesUpdated,
+    SampleBatch,
+)
 from tianji.service import Service
 from tianji.services import BATCHES, LEARNER_PARAMS, PRIORITIES, REQUESTS
-from tianji.services.common import make_algorithm, parse_run_config
+from tianji.services.common import apply_run_options, make_algorithm, parse_run_config
 
 __all__ = ["LagStats", "LearnerService"]
 
 
-class LagStats:
-    """Distribution of policy lag (in versions) over consumed samples, with bounded size.
-
-    Lags below ``EXACT`` are counted exactly; larger ones (replay) in power-of-two buckets
-    named by their lower bound, so a heartbeat carries at most ~``EXACT`` + 60 counters.
-    The sum and the maximum are kept exactly.
-    """
-
-    EXACT = 32
-
-    def __init__(self) -> None:
-        self.counts: collections.Counter[int] = collections.Counter()
-        self.total_lag = 0
-        self.max_lag = 0
-
-    @classmethod
-    def bucket(cls, lag: int) -> int:
-        return lag if lag < cls.EXACT else 1 << (lag.bit_length() - 1)
-
-    def add(self, lags: np.ndarray) -> None:
-        lags = lags.astype(np.int64)
-        if not lags.size:
-            return
-        self.total_lag += int(lags.sum())
-        self.max_lag = max(self.max_lag, int(lags.max()))
-        values, counts = np.unique(lags, return_counts=True)
-        for v, c in zip(values.tolist(), counts.tolist(), strict=True):
-            self.counts[self.bucket(int(v))] += int(c)
-
-    def as_counters(self) -> dict[str, int]:
-        """Histogram as heartbeat counters ``lag/<bucket>``, plus ``lag_sum`` and ``lag_max``."""
-        out = {f"lag/{k}": n for k, n in self.counts.items()}
-        out["lag_sum"] = self.total_lag
-        out["lag_max"] = self.max_lag
-        return out
-
-    @staticmethod
-    def summarize(counts: dict[int, int], total_lag: int, max_lag: int) -> dict[str, float] | None:
-        """mean, p50, p95, max (None when empty); quantiles above ``EXACT`` are bucket
-        lower bounds."""
-        total = sum(counts.values())
-        if total == 0:
-            return None
-        keys = sorted(counts)
-
-        def quantile(q: float) -> float:
-            seen = 0
-            for k in keys:
-                seen += counts[k]
-                if seen >= q * total:
-                    return float(k)
-            return float(keys[-1])
-
-        return {
-            "mean": total_lag / total,
-            "p50": quantile(0.5),
-            "p95": quantile(0.95),
-            "max": float(max_lag),
-        }
-
-
 class LearnerService(Service):
-    """The learner process (one per run in this version)."""
+    """The learner process (one per run in this version).
+
+    It consumes only what the controller grants (:class:`ConsumptionGranted`: a limit on
+    its cumulative ``samples_consumed``; unlimited until the first grant), so an
+    off-policy learner that runs ahead of the actors waits for data.
+    """
 
     role = "learner"
 
     def __init__(self, name: str, *, config: dict[str, Any], **kwargs: Any) -> None:
         super().__init__(name, publishes=[LEARNER_PARAMS, REQUESTS, PRIORITIES], **kwargs)
         self.config = parse_run_config(config)
+        apply_run_options(self, self.config)
         self.algo = make_algorithm(
             self.config, seed=self.config.seed, device=self.config.learner.device
         )
         self.version = 0
         self.on_policy = self.algo.buffer_spec().kind == "rollout"
+        self.bound_lag = self.on_policy and self.config.controller.mode != "unbalanced"
         self.lag = LagStats()
+        self.limit: int | None = None
+        self._granted = asyncio.Event()
+        self._current: SampleBatch | None = None
+        self._closing = False
         self._batches: asyncio.Queue[SampleBatch] = asyncio.Queue(self.config.learner.prefetch)
+        self.gauges["waiting_s"] = 0.0
         self.subscribe(BATCHES, self.on_batch)
 
     async def on_batch(self, ev: SampleBatch) -> None:
-        await self._batches.put(ev)  # bounded: a full queue holds the buffer back
+        self.counters["samples_received"] += int(ev.policy_versions.size)
+        if self._closing:
+            self._drop_at_stop([ev])
+            return
+        await self._batches.put(ev)  # bounded, and the buffer sends only what we requested
+
+    async def on_control(self, ev: Event) -> None:
+        if isinstance(ev, ConsumptionGranted):
+            self.limit = None if ev.limit < 0 else ev.limit
+            self.gauges["consume_limit"] = float(ev.limit)
+            self._granted.set()
+        else:
+            await super().on_control(ev)
+
+    def _drop_at_stop(self, batches: list[SampleBatch]) -> None:
+        """On-policy batches the learner will never use are dropped (reason ``shutdown``);
+        replay batches are copies of what stays in the buffer, so nothing is lost."""
+        if self.on_policy:
+            lost = sum(int(b.policy_versions.size) for b in batches)
+            if lost:
+                self.counters["dropped/shutdown"] += lost
+
+    async def _wait_for_grant(self, n: int) -> None:
+        if self.limit is None or self.counters["samples_consumed"] + n <= self.limit:
+            return
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        self.report_soon()
+        while self.limit is not None and self.counters["samples_consumed"] + n > self.limit:
+            self._granted.clear()
+            await self._granted.wait()
+        self.gauges["waiting_s"] += loop.time() - started
 
     async def _publish_weights(self) -> None:
         weights = self.algo.get_weights()
@@ -116,31 +105,40 @@ class LearnerService(Service):
         await self._publish_weights()
         await self.wait_subscribers(REQUESTS)  # the buffer
         await self._request(self.config.learner.prefetch)
-        while True:
-            batch = await self._batches.get()
-            await self._learn(batch)
+        try:
+            while True:
+                self._current = await self._batches.get()
+                await self._learn(self._current)
+                self._current = None
+        finally:
+            self._closing = True
+            queued = [self._batches.get_nowait() for _ in range(self._batches.qsize())]
+            self._drop_at_stop(queued + ([self._current] if self._current is not None else []))
 
     async def _request(self, count: int) -> None:
         ev = BatchRequested(learner=self.name, count=count, learner_version=self.version)
         await self.publish(ev, REQUESTS)
 
     async def _learn(self, batch: SampleBatch) -> None:
+        n = int(batch.policy_versions.size)
+        await self._wait_for_grant(n)
         lags = self.version - batch.policy_versions
-        if self.on_policy and lags.size and int(lags.max()) > self.config.learner.max_policy_lag:
+        if self.bound_lag and lags.size and int(lags.max()) > self.config.learner.max_policy_lag:
             # Went stale in flight (the buffer checked against an older learner version).
             self.counters["dropped/stale"] += int(lags.size)
             await self._request(1)
+            self.report_soon()
             return
         self.lag.add(lags)
         result = await asyncio.to_thread(self.algo.update, batch.arrays)
         self.version += 1
-        n = int(batch.policy_versions.size)
         self.counters["learner_updates"] = self.version
         self.counters["samples_consumed"] += n
         for key, count in self.lag.as_counters().items():
             self.counters[key] = count
         self.gauges.update(result.metrics)
         self.gauges["policy_lag_mean"] = float(lags.mean()) if n else 0.0
+        self.report_soon()
         await self._request(1)
         if result.priorities is not None and "index" in batch.arrays:
             await self.publish(
