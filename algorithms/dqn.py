@@ -223,7 +223,15 @@ class DQN:
             self.q_target = mlp(in_dim, config.hidden, self.n_actions).to(self.device)
         self.q_target.load_state_dict(self.q.state_dict())
         self.q_target.requires_grad_(False)
-        self.optimizer = torch.optim.Adam(self.q.parameters(), lr=config.lr)
+        self._optimizer: torch.optim.Optimizer | None = None  # built on first update
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """Adam, built on first use: actors never update, and building an optimizer imports
+        a good part of torch (seconds of start-up per actor process)."""
+        if self._optimizer is None:
+            self._optimizer = torch.optim.Adam(self.q.parameters(), lr=self.config.lr)
+        return self._optimizer
 
     @property
     def epsilon(self) -> float:

@@ -274,7 +274,15 @@ class PPO:
             self.net = ActorCritic(
                 flat_dim(observation_space.shape), out_dim, config, continuous=self.continuous
             ).to(self.device)
-        self.optimizer = torch.optim.Adam(self.net.parameters(), lr=config.lr, eps=1e-5)
+        self._optimizer: torch.optim.Optimizer | None = None  # built on first update
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """Adam, built on first use: actors never update, and building an optimizer imports
+        a good part of torch (seconds of start-up per actor process)."""
+        if self._optimizer is None:
+            self._optimizer = torch.optim.Adam(self.net.parameters(), lr=self.config.lr, eps=1e-5)
+        return self._optimizer
 
     # ----------------------------------------------------------------- actor side
 

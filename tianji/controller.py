@@ -286,8 +286,6 @@ class Balancer:
         self._history.append((time.monotonic(), obs.inserted, obs.consumed))
         while len(self._history) > 2 and self._history[1][0] < time.monotonic() - self.window:
             self._history.popleft()
-        if not any(hb.role == "learner" for hb in heartbeats.values()):
-            return
         decision = self.policy.decide(obs)
         self.decisions += 1
         if self.last is None or decision.reason.split(":")[0] != self.last.reason.split(":")[0]:

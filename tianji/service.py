@@ -348,7 +348,7 @@ class Service:
 
     async def _drain(self) -> None:
         """Let subscribers take what is queued, then say goodbye to every peer."""
-        for link in self._links.values():
+        for link in list(self._links.values()):  # a late PublishersChanged may add one
             link.retired = True
             if link.conn is not None:
                 with contextlib.suppress(TianjiError, TimeoutError):
@@ -531,6 +531,8 @@ class Service:
             self._spawn(self._send_quietly(conn, Subscribe(topics=tuple(sorted(new)))))
 
     def _set_publishers(self, name: str, addresses: Sequence[str]) -> None:
+        if self._stopping.is_set():  # draining: no new links
+            return
         wanted = set(addresses) - {self.address}
         for address in wanted:
             self._link_to(address, {name})

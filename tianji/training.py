@@ -44,6 +44,7 @@ class TrainMonitor(Service):
         self.returns: collections.deque[float] = collections.deque(maxlen=stop.window)
         self.env_steps_by_actor: dict[str, int] = {}
         self.episodes = 0
+        self.first_data: float | None = None  # seconds until the first fragment arrived
         self.time_to_target: float | None = None
         self.steps_to_target: int | None = None
         self.subscribe(EPISODES, self.on_episodes)
@@ -56,6 +57,8 @@ class TrainMonitor(Service):
         return float(np.mean(self.returns)) if self.returns else None
 
     async def on_episodes(self, ev: EpisodesFinished) -> None:
+        if self.first_data is None:
+            self.first_data = time.monotonic() - self.started
         self.env_steps_by_actor[ev.actor] = ev.env_steps
         self.returns.extend(ev.returns.tolist())
         self.episodes += int(ev.returns.size)
@@ -275,6 +278,12 @@ def summarize(
         "learner_updates": counters.get("learner_updates", 0),
         "wall_s": round(wall, 3),
         "env_steps_per_s": round(env_steps / wall, 1) if wall > 0 else 0.0,
+        "startup_s": round(monitor.first_data, 3) if monitor.first_data is not None else None,
+        "env_steps_per_s_running": (
+            round(env_steps / (wall - monitor.first_data), 1)
+            if monitor.first_data is not None and wall > monitor.first_data
+            else 0.0
+        ),
         "samples_produced": _sum(controller, "actor-", "samples_produced"),
         "samples_consumed": counters.get("samples_consumed", 0),
         "samples_dropped": dropped_by_reason(controller.heartbeats),

@@ -103,6 +103,7 @@ class LearnerService(Service):
         torch.set_num_threads(self.config.learner.torch_threads)
         await self.wait_subscribers(LEARNER_PARAMS)  # the params service
         await self._publish_weights()
+        self.report_soon()  # the controller balances on our version from the start
         await self.wait_subscribers(REQUESTS)  # the buffer
         await self._request(self.config.learner.prefetch)
         try:

@@ -1,0 +1,65 @@
+"""End to end: with a deliberately slow learner the controller pauses the actors, memory
+stays bounded, and every produced sample is accounted for."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(tmp_path: Path, config: str, algorithm: str, *args: str) -> tuple[dict, list[dict]]:
+    summary, metrics = tmp_path / "summary.json", tmp_path / "metrics.jsonl"
+    result = subprocess.run(
+        [sys.executable, "-m", "tianji.cli", "train", f"examples/{config}.toml"]
+        + ["--set", f'algorithm="tests/plugins/slow_learners.py:{algorithm}"']
+        + ["--max-seconds", "25", "--set", "stop.target_return=100000"]
+        + ["--summary", str(summary), "--metrics", str(metrics), *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    return json.loads(summary.read_text()), rows
+
+
+@pytest.mark.slow
+def test_a_slow_on_policy_learner_pauses_the_actors_and_loses_nothing(tmp_path: Path) -> None:
+    s, rows = run(tmp_path, "cartpole_ppo", "SlowPPO")
+    ctl, books = s["controller"], s["accounting"]
+    assert ctl["mode"] == "relaxed"
+    assert ctl["pause_s_total"] > 5, ctl  # the actors spent much of the run paused
+    assert ctl["commands"]["pause"] > 0 and ctl["commands"]["resume"] > 0
+    # every sample accounted for, at the end and in every row of the metrics file
+    assert books["balanced"], books
+    assert all(r["accounting"]["balanced"] for r in rows), [r["accounting"] for r in rows]
+    assert books["produced"] == s["samples_produced"] > 0
+    # paused before producing what would be dropped: little stale data, none evicted
+    dropped = books["dropped"]
+    assert dropped.get("stale", 0) <= 0.1 * books["produced"], books
+    assert dropped.get("evicted", 0) == 0
+    # bounded buffer: never more than a few learner batches waiting (2 x 4 x 128 each)
+    batch = 1024
+    assert max(r["accounting"]["buffered"] for r in rows) <= 4 * batch
+    assert s["policy_lag"]["max"] <= 2  # learner.max_policy_lag in the example
+
+
+@pytest.mark.slow
+def test_a_slow_replay_learner_holds_the_ratio_by_pausing_the_actors(tmp_path: Path) -> None:
+    s, rows = run(tmp_path, "cartpole_dqn", "SlowDQN")
+    ctl, books = s["controller"], s["accounting"]
+    assert ctl["pause_s_total"] > 5, ctl
+    # replay_ratio 2 +- 1 in the example, widened by the error buffer (one step of either
+    # side: 2 x 2 actors x 32 + 128 samples), which is small against the whole run
+    assert 0.95 <= ctl["ratio"] <= 3.05, ctl
+    late = [r["controller"]["ratio"] for r in rows[len(rows) // 2 :] if r["controller"]["ratio"]]
+    assert late and all(0.9 <= x <= 3.1 for x in late), late
+    assert books["balanced"] and all(r["accounting"]["balanced"] for r in rows)
+    assert books["buffered"] <= 50_000  # the replay capacity

@@ -1,0 +1,231 @@
+"""The controller's balance shell: heartbeats in, commands out; metrics and accounting."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tianji.balance import BalanceConfig, balance_config
+from tianji.config import load_config
+from tianji.controller import Balancer, accounting
+from tianji.core import BufferSpec
+from tianji.errors import ConfigError
+from tianji.events import ConsumptionGranted, Event, Heartbeat, PauseProduction, ResumeProduction
+
+
+def hb(name: str, role: str, counters: dict[str, int] = {}, **gauges: float) -> Heartbeat:  # noqa: B006
+    return Heartbeat(
+        name=name,
+        role=role,
+        state="running",
+        counters=dict(counters),
+        gauges=dict(gauges),
+        queue_depths={},
+        sent_at=0.0,
+    )
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, Event]] = []
+
+    async def __call__(self, name: str, ev: Event) -> bool:
+        self.sent.append((name, ev))
+        return True
+
+    def of(self, kind: type[Event]) -> list[str]:
+        return [n for n, ev in self.sent if isinstance(ev, kind)]
+
+
+def on_policy_run(inserted: int, consumed: int, version: int, actor_version: int) -> dict:
+    return {
+        "buffer-0": hb("buffer-0", "buffer", {"samples_inserted": inserted}),
+        "learner-0": hb(
+            "learner-0", "learner", {"samples_consumed": consumed, "learner_updates": version}
+        ),
+        "actor-0": hb("actor-0", "actor", policy_version=actor_version),
+        "actor-1": hb("actor-1", "actor", policy_version=actor_version),
+    }
+
+
+def test_relaxed_mode_pauses_and_resumes_producers_only_on_changes() -> None:
+    async def scenario() -> Recorder:
+        send = Recorder()
+        cfg = BalanceConfig(
+            on_policy=True, max_policy_lag=1, batch_samples=1024, fragment_samples=512
+        )
+        balancer = Balancer(cfg, send)
+        backlog = on_policy_run(inserted=6144, consumed=4096, version=4, actor_version=4)
+        await balancer.update(backlog, backlog)
+        await balancer.update(backlog, backlog)  # unchanged: nothing sent again
+        assert sorted(send.of(PauseProduction)) == ["actor-0", "actor-1"]
+        assert balancer.paused == {"actor-0", "actor-1"}
+        caught_up = on_policy_run(inserted=6144, consumed=5120, version=5, actor_version=5)
+        await balancer.update(caught_up, caught_up)
+        assert sorted(send.of(ResumeProduction)) == ["actor-0", "actor-1"]
+        assert not balancer.paused and balancer.commands == {"pause": 2, "resume": 2}
+        return send
+
+    asyncio.run(scenario())
+
+
+def test_an_off_policy_learner_gets_a_consumption_grant_that_follows_inserts() -> None:
+    async def scenario() -> None:
+        send = Recorder()
+        cfg = BalanceConfig(
+            replay_ratio=2.0,
+            tolerance=0.5,
+            min_replay_size=100,
+            batch_samples=32,
+            fragment_samples=16,
+        )
+        balancer = Balancer(cfg, send)
+        for inserted in (50, 1100, 2100):
+            run = {
+                "buffer-0": hb("buffer-0", "buffer", {"samples_inserted": inserted}),
+                "learner-0": hb("learner-0", "learner", {"samples_consumed": 0}),
+                "actor-0": hb("actor-0", "actor", policy_version=0),
+            }
+            await balancer.update(run, run)
+        grants = [ev.limit for _, ev in send.sent if isinstance(ev, ConsumptionGranted)]
+        assert grants[0] == 0  # filling: the learner waits
+        assert grants[1] < grants[2]  # more inserted, more may be consumed
+        assert grants[2] == int((2100 - 100) * 2.5 + 2.0 * 16 + 32)
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("mode", ["sync", "unbalanced"])
+def test_sync_and_unbalanced_modes_send_no_pauses(mode: str) -> None:
+    async def scenario() -> Recorder:
+        send = Recorder()
+        cfg = BalanceConfig(mode=mode, on_policy=True, batch_samples=1024, fragment_samples=512)
+        balancer = Balancer(cfg, send)
+        backlog = on_policy_run(inserted=60000, consumed=4096, version=4, actor_version=0)
+        await balancer.update(backlog, backlog)
+        return send
+
+    send = asyncio.run(scenario())
+    assert not send.of(PauseProduction) and not send.of(ConsumptionGranted)
+
+
+def test_metrics_report_rates_ratio_pauses_drops_and_lag() -> None:
+    async def scenario() -> dict:
+        cfg = BalanceConfig(replay_ratio=2.0, tolerance=1.0, batch_samples=32, fragment_samples=16)
+        balancer = Balancer(cfg, Recorder(), window=60)
+        run = {}
+        for step in range(1, 4):
+            run = {
+                "buffer-0": hb(
+                    "buffer-0", "buffer", {"samples_inserted": 1000 * step, "dropped/evicted": 10}
+                ),
+                "learner-0": hb(
+                    "learner-0",
+                    "learner",
+                    {
+                        "samples_consumed": 2000 * step,
+                        "lag/0": 5,
+                        "lag/3": 5,
+                        "lag_sum": 15,
+                        "lag_max": 3,
+                    },
+                    waiting_s=0.5,
+                ),
+                "actor-0": hb("actor-0", "actor", policy_version=1, paused_s=1.25),
+            }
+            await balancer.update(run, run)
+            await asyncio.sleep(0.01)
+        return balancer.metrics(run)
+
+    m = asyncio.run(scenario())
+    assert m["ratio"] == 2.0 and m["ratio_target"] == 2.0
+    assert m["production_per_s"] > 0 and m["consumption_per_s"] == pytest.approx(
+        2 * m["production_per_s"]
+    )
+    assert m["pause_s"] == {"actor-0": 1.25} and m["learner_wait_s"] == 0.5
+    assert m["dropped"] == {"evicted": 10}
+    assert m["lag"] == {"mean": 1.5, "p50": 0.0, "p95": 3.0, "max": 3.0}
+
+
+def test_accounting_identity_holds_when_every_service_keeps_its_books() -> None:
+    run = {
+        "actor-0": hb("actor-0", "actor", {"samples_produced": 5000}),
+        "actor-1": hb("actor-1", "actor", {"samples_produced": 5000, "dropped/unsent": 512}),
+        # received 9000 (488 still on the way): 6000 sent, 1024 buffered, 1976 dropped
+        "buffer-0": hb(
+            "buffer-0",
+            "buffer",
+            {
+                "samples_inserted": 9000,
+                "samples_sent": 6000,
+                "dropped/stale": 1000,
+                "dropped/evicted": 976,
+            },
+            buffered_samples=1024,
+        ),
+        # received 5000 (1000 on the way): 4000 consumed, 1000 stale in flight
+        "learner-0": hb(
+            "learner-0",
+            "learner",
+            {"samples_received": 5000, "samples_consumed": 4000, "dropped/stale": 1000},
+        ),
+    }
+    books = accounting(run, on_policy=True)
+    assert books["in_flight"] == 488 + 1000
+    assert books["dropped"] == {"evicted": 976, "stale": 2000, "unsent": 512}
+    assert books["balanced"]
+    # A service that loses samples without counting them breaks the identity.
+    run["learner-0"] = hb(
+        "learner-0", "learner", {"samples_received": 5000, "samples_consumed": 4000}
+    )
+    assert not accounting(run, on_policy=True)["balanced"]
+
+
+def test_replay_accounting_counts_draws_apart_from_the_identity() -> None:
+    run = {
+        "actor-0": hb("actor-0", "actor", {"samples_produced": 3000}),
+        "buffer-0": hb(
+            "buffer-0",
+            "buffer",
+            {"samples_inserted": 2900, "dropped/evicted": 900},
+            buffered_samples=2000,
+        ),
+        "learner-0": hb(
+            "learner-0", "learner", {"samples_consumed": 6000, "dropped/shutdown": 128}
+        ),
+    }
+    books = accounting(run, on_policy=False)
+    assert books["consumed"] == 6000 and books["in_flight"] == 100
+    assert books["dropped"] == {"evicted": 900} and books["balanced"]
+
+
+def test_sync_mode_settings_that_could_never_progress_are_config_errors(tmp_path) -> None:
+    ppo = load_config(
+        "examples/cartpole_ppo.toml", ['controller.mode="sync"', "algo.fragments_per_batch=3"]
+    )
+    with pytest.raises(ConfigError, match=r"fragments_per_batch|actors\.count"):
+        balance_config(ppo, BufferSpec(kind="rollout", capacity=64, batch_size=3, min_size=3), 512)
+    dqn = load_config(
+        "examples/cartpole_dqn.toml",
+        ['controller.mode="sync"', "controller.replay_ratio=0.5", "controller.tolerance=0.1"],
+    )
+    with pytest.raises(ConfigError, match=r"controller\.replay_ratio"):
+        balance_config(
+            dqn, BufferSpec(kind="replay", capacity=1000, batch_size=128, min_size=100), 32
+        )
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ('controller.mode="chaotic"', "controller.mode"),
+        ("controller.tolerance=3.0", "controller.tolerance"),
+        ("controller.lag_target=-1", "controller.lag_target"),
+        ("controller.report_interval=5", "controller.report_interval"),
+        ("controller.ratio=2", "controller.ratio"),
+    ],
+)
+def test_bad_controller_settings_name_the_key(override: str, named: str) -> None:
+    with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
+        load_config("examples/cartpole_dqn.toml", [override])
