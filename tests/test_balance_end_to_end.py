@@ -16,10 +16,24 @@ ROOT = Path(__file__).resolve().parents[1]
 def run(tmp_path: Path, config: str, algorithm: str, *args: str) -> tuple[dict, list[dict]]:
     summary, metrics = tmp_path / "summary.json", tmp_path / "metrics.jsonl"
     result = subprocess.run(
-        [sys.executable, "-m", "tianji.cli", "train", f"examples/{config}.toml"]
-        + ["--set", f'algorithm="tests/plugins/slow_learners.py:{algorithm}"']
-        + ["--max-seconds", "25", "--set", "stop.target_return=100000"]
-        + ["--summary", str(summary), "--metrics", str(metrics), *args],
+        [
+            sys.executable,
+            "-m",
+            "tianji.cli",
+            "train",
+            f"examples/{config}.toml",
+            "--set",
+            f'algorithm="tests/plugins/slow_learners.py:{algorithm}"',
+            "--max-seconds",
+            "25",
+            "--set",
+            "stop.target_return=100000",
+            "--summary",
+            str(summary),
+            "--metrics",
+            str(metrics),
+            *args,
+        ],
         capture_output=True,
         text=True,
         timeout=180,

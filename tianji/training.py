@@ -46,6 +46,7 @@ class TrainMonitor(Service):
         self.episodes = 0
         self.first_data: float | None = None  # seconds until the first fragment arrived
         self.time_to_target: float | None = None
+        self.target_unix: float | None = None  # wall clock when the target was reached
         self.steps_to_target: int | None = None
         self.subscribe(EPISODES, self.on_episodes)
 
@@ -70,6 +71,7 @@ class TrainMonitor(Service):
         full = len(self.returns) == self.returns.maxlen
         if target is not None and self.time_to_target is None and full and mean >= target:
             self.time_to_target = elapsed
+            self.target_unix = time.time()
             self.steps_to_target = self.env_steps
 
     def done(self) -> str | None:
@@ -293,6 +295,7 @@ def summarize(
             round(monitor.time_to_target, 3) if monitor.time_to_target is not None else None
         ),
         "env_steps_to_target": monitor.steps_to_target,
+        "target_reached_unix": monitor.target_unix,
         "policy_lag": lag_summary(controller.heartbeats),
         "controller": (
             controller.balancer.metrics(controller.heartbeats) if controller.balancer else None

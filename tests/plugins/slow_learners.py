@@ -6,9 +6,9 @@ import time
 from collections.abc import Mapping
 
 import numpy as np
-
 from tianji.algorithms.dqn import DQN
 from tianji.algorithms.ppo import PPO
+
 from tianji.core import UpdateResult
 
 DELAY_S = 0.2

@@ -76,7 +76,11 @@ def run(
     cls = {"ppo": sb3.PPO, "dqn": sb3.DQN}[algo]
     model = cls("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **kwargs)
     returns: collections.deque[float] = collections.deque(maxlen=window)
-    state: dict[str, Any] = {"time_to_target_s": None, "env_steps_to_target": None}
+    state: dict[str, Any] = {
+        "time_to_target_s": None,
+        "env_steps_to_target": None,
+        "target_reached_unix": None,
+    }
 
     class Watch(BaseCallback):  # type: ignore[misc]
         def _on_step(self) -> bool:
@@ -87,6 +91,7 @@ def run(
             full = len(returns) == window
             if full and sum(returns) / window >= target_return:
                 state["time_to_target_s"] = round(time.monotonic() - started, 3)
+                state["target_reached_unix"] = time.time()
                 state["env_steps_to_target"] = int(self.num_timesteps)
                 return False
             return time.monotonic() - started < max_seconds

@@ -1,0 +1,135 @@
+"""`tianji bench train`: its configs are the examples', its figures come from the runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tianji.bench.train import Plan, aggregate, markdown, run_config
+from tianji.config import RunConfig, build_dataclass, load_config, to_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("algo", ["ppo", "dqn"])
+def test_the_benchmark_runs_the_example_configs(algo: str) -> None:
+    example = to_dict(load_config(ROOT / "examples" / f"cartpole_{algo}.toml"))
+    bench: RunConfig = build_dataclass(RunConfig, run_config(algo, "relaxed", 0, 300.0), "")
+    assert to_dict(bench) == example
+
+
+def test_sync_ppo_gets_a_batch_of_one_fragment_per_actor() -> None:
+    data = run_config("ppo", "sync", 1, 60.0)
+    assert data["controller"]["mode"] == "sync" and data["seed"] == 1
+    assert data["algo"]["fragments_per_batch"] == data["actors"]["count"]
+    assert data["stop"] == {"target_return": 475.0, "max_seconds": 60.0}
+
+
+def test_runs_are_interleaved_and_rotate_the_system_order() -> None:
+    runs = Plan(("ppo",), ("relaxed", "sync", "sb3"), (0, 1), 60.0).runs()
+    assert runs == [
+        (0, "ppo", "relaxed"),
+        (0, "ppo", "sync"),
+        (0, "ppo", "sb3"),
+        (1, "ppo", "sync"),
+        (1, "ppo", "sb3"),
+        (1, "ppo", "relaxed"),
+    ]
+
+
+def _run(system: str, seed: int, t: float | None, rate: float) -> dict:
+    return {
+        "system": system,
+        "algorithm": "ppo",
+        "seed": seed,
+        "launch_to_target_s": t,
+        "env_steps_to_target": 1000 * seed + 500 if t else None,
+        "env_steps_per_s_running": rate,
+        "final_return": 480.0,
+    }
+
+
+def test_medians_count_a_missed_target_as_slower_than_any_hit_and_ratios_follow() -> None:
+    results = [
+        _run("relaxed", 0, 10.0, 3000),
+        _run("relaxed", 1, 12.0, 3300),
+        _run("relaxed", 2, None, 2900),
+        _run("sync", 0, 20.0, 2000),
+        _run("sync", 1, None, 2100),
+        _run("sync", 2, None, 1900),
+        _run("sb3", 0, 30.0, 1400),
+    ]
+    agg = aggregate(results, 60.0)
+    relaxed, sync = agg["cells"]["ppo/relaxed"], agg["cells"]["ppo/sync"]
+    assert relaxed["reached"] == 2 and relaxed["time_to_target_median_s"] == 12.0
+    assert relaxed["time_to_target_range_s"] == [10.0, 12.0]
+    assert sync["time_to_target_median_s"] is None  # most runs missed: no median
+    ratios = agg["ratios"]["ppo"]
+    assert ratios["time_relaxed_over_sb3"] == pytest.approx(0.4)
+    assert ratios["time_relaxed_over_sync"] is None
+    assert ratios["steps_per_s_relaxed_over_sync"] == pytest.approx(3000 / 2000)
+    table = markdown(
+        {
+            "aggregate": agg,
+            "machine": {
+                "cpus": 2,
+                "cpu": "x",
+                "python": "3.11",
+                "torch": "2",
+                "stable_baselines3": "2",
+            },
+            "seeds": [0, 1, 2],
+            "command": "tianji bench train",
+        }
+    )
+    assert "| ppo | relaxed | 2/3 | 12.0 (10.0-12.0)" in table and "| ppo | 0.40 |" in table
+
+
+def test_unknown_systems_are_refused_with_the_known_ones() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "tianji.cli", "bench", "train", "--systems", "rllib"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2 and "rllib" in result.stderr and "sb3" in result.stderr
+
+
+@pytest.mark.slow
+def test_a_tianji_benchmark_run_reports_its_figures(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tianji.cli",
+            "bench",
+            "train",
+            "--algos",
+            "ppo",
+            "--systems",
+            "relaxed",
+            "--seeds",
+            "1",
+            "--max-seconds",
+            "15",
+            "--json",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=200,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "[1/1] ppo relaxed seed 0" in result.stderr  # progress
+    report = json.loads(result.stdout)
+    (run,) = report["runs"]
+    assert run["env_steps"] > 0 and run["env_steps_per_s_running"] > 0
+    assert run["controller"]["mode"] == "relaxed"
+    assert (tmp_path / "train.md").read_text().startswith("| algorithm | system |")
+    assert json.loads((tmp_path / "train.json").read_text())["runs"] == report["runs"]
