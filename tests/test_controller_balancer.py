@@ -136,6 +136,8 @@ def test_metrics_report_rates_ratio_pauses_drops_and_lag() -> None:
             }
             await balancer.update(run, run)
             await asyncio.sleep(0.01)
+        gauges = balancer.gauges()
+        assert gauges["balance/production_per_s"] > 0 and gauges["balance/decisions"] == 3
         return balancer.metrics(run)
 
     m = asyncio.run(scenario())

@@ -154,6 +154,7 @@ class Controller(Service):
                 record.last_seen = time.monotonic()
                 if self.balancer is not None and ev.role in Balancer.ROLES:
                     await self.balancer.update(self.heartbeats, self.registry)
+                    self.gauges.update(self.balancer.gauges())  # in the controller's heartbeat
                 self._notify()
         elif isinstance(ev, ServiceReported):
             self.reports[ev.name] = ev
@@ -321,6 +322,16 @@ class Balancer:
         t1, i1, c1 = self._history[-1]
         dt = t1 - t0
         return ((i1 - i0) / dt, (c1 - c0) / dt) if dt > 0 else (0.0, 0.0)
+
+    def gauges(self) -> dict[str, float]:
+        """The cheap, numeric part of the metrics, kept in the controller's own gauges."""
+        production, consumption = self.rates()
+        return {
+            "balance/production_per_s": production,
+            "balance/consumption_per_s": consumption,
+            "balance/paused_producers": float(len(self.paused)),
+            "balance/decisions": float(self.decisions),
+        }
 
     def metrics(self, heartbeats: Mapping[str, Heartbeat]) -> dict[str, Any]:
         """The run's balance metrics (see docs/architecture.md, "The controller")."""
