@@ -348,13 +348,19 @@ class Service:
 
     async def _drain(self) -> None:
         """Let subscribers take what is queued, then say goodbye to every peer."""
-        for link in list(self._links.values()):  # a late PublishersChanged may add one
+
+        async def leave(link: _Link) -> None:
             link.retired = True
             if link.conn is not None:
-                with contextlib.suppress(TianjiError, TimeoutError):
+                try:
                     await asyncio.wait_for(link.conn.aclose(), 1.0)  # goodbye, not a vanish
+                except (TianjiError, TimeoutError):
+                    link.conn.abort()  # it did not answer: do not keep its sender waiting
             if link.task is not None:
                 link.task.cancel()
+
+        # every link at once (a late PublishersChanged may add one: iterate a copy)
+        await asyncio.gather(*(leave(link) for link in list(self._links.values())))
         subscribers = {c for conns in self._subscribers.values() for c in conns}
         deadline = self.options.drain_timeout
 
@@ -370,10 +376,14 @@ class Service:
                 conn.abort()
 
         await asyncio.gather(*(close(c) for c in subscribers | self._peers))
-        if self._controller_conn is not None:
+        controller = self._controller_conn
+        if controller is not None:
             with contextlib.suppress(TianjiError):
-                await self._controller_conn.send(self._frames(self.heartbeat(), CONTROL))
-            await self._controller_conn.aclose()
+                await controller.send(self._frames(self.heartbeat(), CONTROL))
+            try:
+                await asyncio.wait_for(controller.aclose(), 2.0)
+            except (TianjiError, TimeoutError):
+                controller.abort()
 
     async def _release(self) -> None:
         if self._listener is not None:
@@ -662,7 +672,10 @@ class Service:
                 conn.send_nowait(self._frames(self.heartbeat(), CONTROL))
                 self.counters["heartbeats_sent"] += 1
             except TianjiError:
+                # The link is full (or breaking): try again after report_interval rather than
+                # a whole heartbeat_interval later; the controller balances on these reports.
                 self.counters["heartbeats_skipped"] += 1
+                self._report_wanted.set()
 
 
 async def _first(*aws: Coroutine[Any, Any, Any]) -> None:
