@@ -47,6 +47,7 @@ class TrainMonitor(Service):
         self.first_data: float | None = None  # seconds until the first fragment arrived
         self.time_to_target: float | None = None
         self.target_unix: float | None = None  # wall clock when the target was reached
+        self.stopped: tuple[float, int] | None = None  # (seconds, env steps) at the stop
         self.steps_to_target: int | None = None
         self.subscribe(EPISODES, self.on_episodes)
 
@@ -75,7 +76,14 @@ class TrainMonitor(Service):
             self.steps_to_target = self.env_steps
 
     def done(self) -> str | None:
-        """Why the run should stop now, or ``None``."""
+        """Why the run should stop now, or ``None``; the first time it says so, the run's
+        length and env steps are recorded (:attr:`stopped`), before shutdown."""
+        reason = self._why_done()
+        if reason is not None and self.stopped is None:
+            self.stopped = (time.monotonic() - self.started, self.env_steps)
+        return reason
+
+    def _why_done(self) -> str | None:
         cfg = self.stop_config
         if self.time_to_target is not None:
             return "target_return reached"
@@ -84,6 +92,14 @@ class TrainMonitor(Service):
         if cfg.max_seconds is not None and time.monotonic() - self.started >= cfg.max_seconds:
             return "max_seconds reached"
         return None
+
+    def running_rate(self) -> float:
+        """Env steps per second from the first fragment to the stop decision (not counting
+        process start-up and shutdown)."""
+        if self.first_data is None:
+            return 0.0
+        length, steps = self.stopped or (time.monotonic() - self.started, self.env_steps)
+        return steps / (length - self.first_data) if length > self.first_data else 0.0
 
 
 def _binds(transport: str) -> tuple[str, str]:
@@ -281,11 +297,7 @@ def summarize(
         "wall_s": round(wall, 3),
         "env_steps_per_s": round(env_steps / wall, 1) if wall > 0 else 0.0,
         "startup_s": round(monitor.first_data, 3) if monitor.first_data is not None else None,
-        "env_steps_per_s_running": (
-            round(env_steps / (wall - monitor.first_data), 1)
-            if monitor.first_data is not None and wall > monitor.first_data
-            else 0.0
-        ),
+        "env_steps_per_s_running": round(monitor.running_rate(), 1),
         "samples_produced": _sum(controller, "actor-", "samples_produced"),
         "samples_consumed": counters.get("samples_consumed", 0),
         "samples_dropped": dropped_by_reason(controller.heartbeats),
