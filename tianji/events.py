@@ -311,7 +311,9 @@ class ActionsComputed(Event):
 
 @event
 class BatchRequested(Event):
-    """Command a buffer to send ``count`` more sample batches to the learner.
+    """Credit for a buffer: ``count`` is the total number of sample batches ``learner`` has
+    asked for since it started (cumulative, so repeating a request is harmless and a lost
+    one is made good by the next).
 
     ``learner_version`` lets the buffer drop samples older than ``max_policy_lag``.
     """

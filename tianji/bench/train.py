@@ -82,6 +82,8 @@ KEYS = (
     "wall_s",
     "startup_s",
     "stop_reason",
+    "learner_updates",
+    "accounting",
 )
 
 
@@ -139,6 +141,8 @@ def _run_one(seed: int, algo: str, system: str, max_seconds: float) -> dict[str,
     result.update(system=system, algorithm=algo, seed=seed)
     reached = result.get("target_reached_unix")
     result["launch_to_target_s"] = round(reached - launched, 3) if reached else None
+    if not reached:  # keep the run's warnings for a look at why
+        result["log_tail"] = [ln for ln in proc.stderr.splitlines() if " WARNING " in ln][-20:]
     return result
 
 

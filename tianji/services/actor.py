@@ -236,7 +236,7 @@ class ActorService(Service):
                     TrajectoryCollected(actor=self.name, policy_version=version, arrays=samples),
                     TRAJECTORIES,
                 )
-                if not delivered:  # the buffer is gone (it comes back: counted, not lost)
+                if not delivered:  # no buffer connected right now: lost, and counted
                     self.counters["dropped/unsent"] += produced
                 self.sent_at_version += 1
                 self.gauges["fragments_at_version"] = self.sent_at_version

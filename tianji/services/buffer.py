@@ -1,8 +1,8 @@
 """The buffer service: stores what actors produce, hands batches to the learner on request.
 
 Pure sampling logic lives in :mod:`tianji.buffers`; this shell moves events. It never
-sends a batch the learner did not ask for (credit from :class:`BatchRequested`), so the
-learner's bounded queue is never overrun; on-policy fragments older than
+sends a batch the learner did not ask for (cumulative credit from :class:`BatchRequested`),
+so the learner's bounded queue is never overrun; on-policy fragments older than
 ``max_policy_lag`` versions are dropped (counted as ``dropped/stale``).
 """
 
@@ -43,7 +43,8 @@ class BufferService(Service):
         self.drop_stale = self.config.controller.mode != "unbalanced"
         self.spec = BufferSpec(**buffer_spec)
         self.buffer = make_buffer(self.spec, seed=self.config.seed)
-        self.credit = 0
+        self.requested: dict[str, int] = {}  # cumulative batches each learner asked for
+        self.sent: dict[str, int] = {}  # ... and were sent (credit = requested - sent)
         self.learner_version = 0
         self._ids = itertools.count()
         self.subscribe(TRAJECTORIES, self.on_trajectory)
@@ -58,8 +59,16 @@ class BufferService(Service):
         await self._serve()
         self.report_soon()
 
+    @property
+    def credit(self) -> int:
+        """Batches asked for and not sent yet."""
+        return sum(self.requested.values()) - sum(self.sent.values())
+
     async def on_request_batches(self, ev: BatchRequested) -> None:
-        self.credit += ev.count
+        before = self.requested.get(ev.learner, 0)
+        if ev.count < before:  # counting from 0 again: a restarted learner
+            self.sent[ev.learner] = 0
+        self.requested[ev.learner] = ev.count  # cumulative: a repeat changes nothing
         self.learner_version = max(self.learner_version, ev.learner_version)
         await self._serve()
 
@@ -80,7 +89,8 @@ class BufferService(Service):
             versions = batch.pop("policy_version").astype(np.int64)
             if isinstance(self.buffer, RolloutBuffer):  # per env column -> per transition
                 versions = np.tile(versions, next(iter(batch.values())).shape[0])
-            self.credit -= 1
+            learner = next(n for n in self.requested if self.requested[n] > self.sent.get(n, 0))
+            self.sent[learner] = self.sent.get(learner, 0) + 1
             self.counters["batches_sent"] += 1
             if isinstance(self.buffer, RolloutBuffer):  # taken out of the buffer
                 self.counters["samples_sent"] += int(versions.size)

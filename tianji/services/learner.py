@@ -54,6 +54,7 @@ class LearnerService(Service):
         self._current: SampleBatch | None = None
         self._closing = False
         self._batches: asyncio.Queue[SampleBatch] = asyncio.Queue(self.config.learner.prefetch)
+        self.requested = 0  # batches asked for since start (the cumulative credit we sent)
         self.gauges["waiting_s"] = 0.0
         self.subscribe(BATCHES, self.on_batch)
 
@@ -108,7 +109,7 @@ class LearnerService(Service):
         await self._request(self.config.learner.prefetch)
         try:
             while True:
-                self._current = await self._batches.get()
+                self._current = await self._next_batch()
                 await self._learn(self._current)
                 self._current = None
         finally:
@@ -116,8 +117,21 @@ class LearnerService(Service):
             queued = [self._batches.get_nowait() for _ in range(self._batches.qsize())]
             self._drop_at_stop(queued + ([self._current] if self._current is not None else []))
 
-    async def _request(self, count: int) -> None:
-        ev = BatchRequested(learner=self.name, count=count, learner_version=self.version)
+    async def _next_batch(self) -> SampleBatch:
+        """The next batch; while none comes, the cumulative request is repeated every
+        ``REPEAT_S`` (harmless if it had arrived; makes good a request lost on a link)."""
+        while True:
+            try:
+                return await asyncio.wait_for(self._batches.get(), self.REPEAT_S)
+            except TimeoutError:
+                self.counters["requests_repeated"] += 1
+                await self._request(0)
+
+    REPEAT_S = 2.0
+
+    async def _request(self, more: int) -> None:
+        self.requested += more
+        ev = BatchRequested(learner=self.name, count=self.requested, learner_version=self.version)
         await self.publish(ev, REQUESTS)
 
     async def _learn(self, batch: SampleBatch) -> None:
