@@ -251,3 +251,33 @@ def test_unbalanced_mode_never_pauses_anyone() -> None:
 def test_bad_balance_settings_are_config_errors(kw: dict[str, object]) -> None:
     with pytest.raises(ConfigError):
         BalanceConfig(**kw)  # type: ignore[arg-type]
+
+
+def test_sync_off_policy_learner_waits_for_every_actor_then_takes_one_rounds_updates() -> None:
+    policy = BalancePolicy(
+        BalanceConfig(
+            mode="sync",
+            replay_ratio=2.0,
+            min_replay_size=1000,
+            batch_samples=128,
+            fragment_samples=32,
+        )
+    )
+    assert policy.updates_per_round(2) == 1  # 2 actors x 32 samples x ratio 2 = 128
+    both = {"actor-0": 5, "actor-1": 5}
+    half = Observation(
+        inserted=5000,
+        consumed=4096,
+        learner_version=5,
+        producer_versions=both,
+        fragments_at_version={"actor-0": 1, "actor-1": 0},
+    )
+    assert policy.decide(half).learner_waits  # actor-1 has not sent with the new weights
+    full = dataclasses.replace(half, fragments_at_version={"actor-0": 1, "actor-1": 1})
+    d = policy.decide(full)
+    assert not d.learner_waits and d.consume_limit == 4096 + 128
+    # after the update the learner is one version ahead: the next round has not started
+    after = dataclasses.replace(full, consumed=4224, learner_version=6)
+    assert policy.decide(after).learner_waits and policy.decide(after).consume_limit == 4224
+    filling = dataclasses.replace(full, inserted=900, consumed=0, learner_version=0)
+    assert policy.decide(filling).learner_waits

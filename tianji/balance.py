@@ -176,13 +176,33 @@ class BalancePolicy:
             )
             if cfg.on_policy:  # the learner's batch is one fragment of every actor
                 return Decision(waiting, False, "sync: one fragment per version")
-            effective = max(0, obs.inserted - cfg.min_replay_size)
-            limit = int(effective * cfg.replay_ratio) if effective > 0 else 0
-            waits = obs.consumed + cfg.batch_samples > limit
-            return Decision(waiting, waits, f"sync: consumed {obs.consumed} <= {limit}", limit)
+            return self._sync_off_policy(obs, producers, waiting)
         if cfg.on_policy:
             return self._on_policy(obs, producers)
         return self._off_policy(obs, producers)
+
+    def updates_per_round(self, producers: int) -> int:
+        """Sync off-policy: learner updates per round (one fragment of every producer),
+        ``replay_ratio`` samples per inserted sample, at least one."""
+        cfg = self.config
+        round_samples = producers * cfg.fragment_samples * cfg.replay_ratio
+        return max(1, round(round_samples / cfg.batch_samples))
+
+    def _sync_off_policy(
+        self, obs: Observation, producers: frozenset[str], waiting: frozenset[str]
+    ) -> Decision:
+        """The learner waits for every producer: once each has sent a fragment with the
+        learner's current weights, it may take :meth:`updates_per_round` updates (which
+        give the producers new weights, and the round starts again). Until
+        ``min_replay_size`` the producers fill the buffer and the learner waits."""
+        cfg = self.config
+        if obs.inserted < cfg.min_replay_size or not producers:
+            return Decision(waiting, True, f"sync: filling {obs.inserted}", obs.consumed)
+        round_done = len(waiting) == len(producers)  # all sent with the current weights
+        if not round_done:
+            return Decision(waiting, True, "sync: waiting for every actor", obs.consumed)
+        limit = obs.consumed + self.updates_per_round(len(producers)) * cfg.batch_samples
+        return Decision(waiting, False, f"sync: round complete, consume to {limit}", limit)
 
     def band(self, obs: Observation, producers: int) -> tuple[float, float] | None:
         """The allowed range of ``consumed`` for the inserts so far (None while filling).
