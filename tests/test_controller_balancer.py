@@ -175,6 +175,16 @@ def test_accounting_identity_holds_when_every_service_keeps_its_books() -> None:
     }
     books = accounting(run, on_policy=True)
     assert books["in_flight"] == 488 + 1000
+    assert books["balanced"]
+    # A batch the learner holds (queued or in training) is in flight, not lost.
+    run["learner-0"] = hb(
+        "learner-0",
+        "learner",
+        {"samples_received": 5512, "samples_consumed": 4000, "dropped/stale": 1000},
+        held_samples=512,
+    )
+    books = accounting(run, on_policy=True)
+    assert books["in_flight"] == 488 + 488 + 512
     assert books["dropped"] == {"evicted": 976, "stale": 2000, "unsent": 512}
     assert books["balanced"]
     # A service that loses samples without counting them breaks the identity.

@@ -418,8 +418,9 @@ def accounting(heartbeats: Mapping[str, Heartbeat], on_policy: bool) -> dict[str
     inserted = total("buffer", "samples_inserted")
     in_flight = produced - unsent - inserted
     consumed = total("learner", "samples_consumed")
-    if on_policy:
+    if on_policy:  # sent by the buffer and not received yet, or held by the learner
         in_flight += total("buffer", "samples_sent") - total("learner", "samples_received")
+        in_flight += total("learner", "held_samples", gauge=True)
     dropped = dropped_by_reason(
         {n: hb for n, hb in heartbeats.items() if on_policy or hb.role != "learner"}
     )

@@ -55,6 +55,8 @@ class LearnerService(Service):
         self._closing = False
         self._batches: asyncio.Queue[SampleBatch] = asyncio.Queue(self.config.learner.prefetch)
         self.requested = 0  # batches asked for since start (the cumulative credit we sent)
+        self._held = 0  # samples received and not yet consumed or dropped (queued, training)
+        self.gauges["held_samples"] = 0.0
         self.gauges["waiting_s"] = 0.0
         self.subscribe(BATCHES, self.on_batch)
 
@@ -63,6 +65,8 @@ class LearnerService(Service):
         if self._closing:
             self._drop_at_stop([ev])
             return
+        self._held += int(ev.policy_versions.size)
+        self.gauges["held_samples"] = float(self._held)
         await self._batches.put(ev)  # bounded, and the buffer sends only what we requested
 
     async def on_control(self, ev: Event) -> None:
@@ -80,6 +84,12 @@ class LearnerService(Service):
             lost = sum(int(b.policy_versions.size) for b in batches)
             if lost:
                 self.counters["dropped/shutdown"] += lost
+
+    def _release_held(self, n: int) -> None:
+        """``n`` held samples were just counted as consumed or dropped (same step, so a
+        heartbeat never sees them twice or not at all)."""
+        self._held -= n
+        self.gauges["held_samples"] = float(self._held)
 
     async def _wait_for_grant(self, n: int) -> None:
         if self.limit is None or self.counters["samples_consumed"] + n <= self.limit:
@@ -116,6 +126,8 @@ class LearnerService(Service):
             self._closing = True
             queued = [self._batches.get_nowait() for _ in range(self._batches.qsize())]
             self._drop_at_stop(queued + ([self._current] if self._current is not None else []))
+            self._held = 0
+            self.gauges["held_samples"] = 0.0
 
     async def _next_batch(self) -> SampleBatch:
         """The next batch; while none comes, the cumulative request is repeated every
@@ -141,6 +153,7 @@ class LearnerService(Service):
         if self.bound_lag and lags.size and int(lags.max()) > self.config.learner.max_policy_lag:
             # Went stale in flight (the buffer checked against an older learner version).
             self.counters["dropped/stale"] += int(lags.size)
+            self._release_held(n)
             await self._request(1)
             self.report_soon()
             return
@@ -149,6 +162,7 @@ class LearnerService(Service):
         self.version += 1
         self.counters["learner_updates"] = self.version
         self.counters["samples_consumed"] += n
+        self._release_held(n)
         for key, count in self.lag.as_counters().items():
             self.counters[key] = count
         self.gauges.update(result.metrics)
