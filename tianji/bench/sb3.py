@@ -82,7 +82,7 @@ def run(
         "target_reached_unix": None,
     }
 
-    class Watch(BaseCallback):  # type: ignore[misc]
+    class Watch(BaseCallback):  # type: ignore[misc,unused-ignore]  # Any without SB3 stubs
         def _on_step(self) -> bool:
             for info in self.locals.get("infos", ()):
                 episode = info.get("episode")

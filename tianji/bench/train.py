@@ -107,7 +107,7 @@ class Plan:
 
 def run_config(algo: str, mode: str, seed: int, max_seconds: float) -> dict[str, Any]:
     """The tianji run config (as data) of one benchmark run."""
-    data = json.loads(json.dumps(CONFIGS[algo]))
+    data: dict[str, Any] = json.loads(json.dumps(CONFIGS[algo]))
     data["seed"] = seed
     data["controller"]["mode"] = mode
     if mode == "sync" and algo == "ppo":  # the learner's batch: one fragment per actor
@@ -223,7 +223,7 @@ def machine() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    versions = {}
+    versions: dict[str, str | None] = {}
     for pkg in ("tianji", "torch", "gymnasium", "stable_baselines3"):
         try:
             from importlib.metadata import version
