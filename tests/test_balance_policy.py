@@ -222,13 +222,7 @@ def test_sync_mode_pauses_each_producer_after_one_fragment_per_version() -> None
         fragments_at_version={"actor-0": 1, "actor-1": 0},
     )
     assert policy.decide(obs).paused == {"actor-0"}
-    newer = Observation(
-        inserted=0,
-        consumed=0,
-        learner_version=4,
-        producer_versions={"actor-0": 3, "actor-1": 3},
-        fragments_at_version={"actor-0": 1, "actor-1": 0},
-    )
+    newer = dataclasses.replace(obs, learner_version=4)
     assert policy.decide(newer).paused == frozenset()  # new weights are out: go on
 
 
