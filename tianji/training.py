@@ -9,10 +9,14 @@ also decides when the run is done: target return, env-step budget or time budget
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import json
+import os
+import secrets
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -210,7 +214,8 @@ def train(
     )
     started = time.monotonic()
     try:
-        result = run_local(launcher)
+        with run_token():
+            result = run_local(launcher)
     finally:
         if metrics_file is not None:
             metrics_file.close()
@@ -220,6 +225,22 @@ def train(
     if summary_path:
         Path(summary_path).write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+@contextlib.contextmanager
+def run_token() -> Iterator[str]:
+    """The run's secret token in ``TIANJI_TOKEN`` (inherited by every service process):
+    the caller's when set, else a fresh one for this run. Every TCP link proves it."""
+    given = os.environ.get("TIANJI_TOKEN")
+    if given:
+        yield given
+        return
+    token = secrets.token_hex(32)
+    os.environ["TIANJI_TOKEN"] = token
+    try:
+        yield token
+    finally:
+        os.environ.pop("TIANJI_TOKEN", None)
 
 
 def _sum(controller: Controller, role_prefix: str, key: str) -> int:
@@ -361,6 +382,11 @@ def add_train_parser(sub: Any) -> None:
     )
     p.add_argument("--summary", metavar="PATH", help="write the summary JSON here")
     p.add_argument(
+        "--token-file",
+        metavar="PATH",
+        help="the run's secret token (default: TIANJI_TOKEN, else a fresh one per run)",
+    )
+    p.add_argument(
         "--metrics", metavar="PATH", help="write one JSON line of metrics every 2 s here"
     )
     p.set_defaults(func=_cmd_train)
@@ -375,6 +401,10 @@ def _cmd_train(args: Any) -> int:
         if value is not None:
             overrides.append(f"{key}={json.dumps(value)}")
     config = load_config(args.config, overrides)
+    if args.token_file:
+        from tianji.transports._auth import load_token
+
+        os.environ["TIANJI_TOKEN"] = load_token(args.token_file)
     print(
         f"tianji train: {config.algorithm} on {config.env.id}, {config.actors.count} actors x "
         f"{config.actors.envs_per_actor} envs, transport {config.transport}, seed {config.seed}, "

@@ -3,6 +3,8 @@
 Stream layout::
 
     preamble   8 bytes  b"TIANJI" + version (2 bytes, big-endian); sent once by each side
+    hello      16 bytes the side's nonce               } the run-token handshake
+    proof      32 bytes HMAC of both nonces (_auth.py) } (read before any message)
     message    <I nframes> <Q len_0> ... <Q len_n-1> frame_0 ... frame_n-1
     goodbye    <I 0xFFFFFFFF>   (graceful close; EOF without it means the peer vanished)
 
@@ -22,10 +24,11 @@ from typing import Any
 import numpy as np
 
 from tianji.errors import BadFrame
+from tianji.transports._auth import NONCE_BYTES, PROOF_BYTES, Handshake
 
 __all__ = ["GOODBYE", "PREAMBLE", "FrameParser", "encode_prefix"]
 
-PREAMBLE = b"TIANJI\x00\x01"
+PREAMBLE = b"TIANJI\x00\x02"  # version 2: the run-token handshake follows
 GOODBYE_COUNT = 0xFFFFFFFF
 GOODBYE = struct.pack("<I", GOODBYE_COUNT)
 _COUNT = struct.Struct("<I")
@@ -82,7 +85,16 @@ class FrameParser:
     goodbye sets :attr:`goodbye`. Malformed input raises :class:`BadFrame`.
     """
 
-    def __init__(self, *, max_frame_bytes: int, max_frames: int) -> None:
+    def __init__(
+        self,
+        *,
+        max_frame_bytes: int,
+        max_frames: int,
+        handshake: Handshake | None = None,
+        send: Any = None,
+    ) -> None:
+        self.handshake = handshake
+        self._send = send  # where the handshake's proof goes (the transport's write)
         self.max_frame_bytes = max_frame_bytes
         self.max_frames = max_frames
         self.messages: list[tuple[list[memoryview], int]] = []
@@ -135,6 +147,9 @@ class FrameParser:
                     raise BadFrame("bad_preamble", f"stream starts with {got!r}, not {PREAMBLE!r}")
                 self._start += len(PREAMBLE)
                 self._preamble_ok = True
+            elif self.handshake is not None and not self.handshake.done:
+                if not self._handshake(avail):
+                    return
             elif self._lengths is None:
                 if not self._parse_lengths(avail):
                     return
@@ -148,6 +163,23 @@ class FrameParser:
                     return
         if self._end - self._start:
             raise BadFrame("data_after_goodbye", f"{self._end - self._start} bytes after goodbye")
+
+    def _handshake(self, avail: int) -> bool:
+        hs = self.handshake
+        assert hs is not None
+        if hs.peer_nonce is None:
+            if avail < NONCE_BYTES:
+                return False
+            nonce = bytes(self._buf[self._start : self._start + NONCE_BYTES])
+            self._start += NONCE_BYTES
+            self._send(hs.on_hello(nonce))
+            return True
+        if avail < PROOF_BYTES:
+            return False
+        proof = bytes(self._buf[self._start : self._start + PROOF_BYTES])
+        self._start += PROOF_BYTES
+        hs.on_proof(proof)  # raises BadFrame("auth_failed") before anything else is read
+        return True
 
     def _parse_lengths(self, avail: int) -> bool:
         if avail < 4:

@@ -6,6 +6,11 @@ preallocated buffer, and large frames straight into their final ``bytearray`` (s
 as a memoryview (no concatenation). Backpressure runs end to end: a full receive queue
 pauses reading, the peer's kernel buffers fill, the sender's write buffer passes its high
 water mark and ``send`` waits. ``TCP_NODELAY`` is set on every socket.
+
+Every connection starts with the run-token handshake (:mod:`tianji.transports._auth`):
+with a token (``TIANJI_TOKEN``, or ``TcpTransport(token=...)``) a peer that cannot prove
+it knows the same token is refused with a logged reason before any of its data is read;
+``connect`` and ``accept`` hand out a connection only once the handshake succeeded.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import logging
 import socket
 from typing import cast
 
+from tianji.transports._auth import Handshake, token_from_env
 from tianji.transports._framing import GOODBYE, PREAMBLE, FrameParser, encode_prefix
 
 from tianji.core import ConnectionStatistics, Frames, Limits
@@ -27,6 +33,7 @@ log = logging.getLogger(__name__)
 _LARGE = 16 << 10  # frames this big are written as memoryviews, not copied into the cork
 _CORK_LIMIT = 256 << 10  # corked bytes are flushed at once beyond this
 CLOSE_TIMEOUT = 10.0  # how long aclose waits for the peer to read everything and close
+HANDSHAKE_TIMEOUT = 10.0  # a peer that has not proved the token by then is dropped
 
 
 def parse_tcp_address(address: str) -> tuple[str, int]:
@@ -52,13 +59,18 @@ def format_tcp_address(host: str, port: int) -> str:
 class _StreamProtocol(asyncio.BufferedProtocol):
     """Glue between an asyncio transport and a :class:`TcpConnection`."""
 
-    def __init__(self, limits: Limits, peer_hint: str) -> None:
+    def __init__(self, limits: Limits, peer_hint: str, role: str, token: bytes | None) -> None:
         self.limits = limits
         self.peer = peer_hint
         self.transport: asyncio.Transport | None = None
+        self.handshake = Handshake(role, token)
         self.parser = FrameParser(
-            max_frame_bytes=limits.max_frame_bytes, max_frames=limits.max_frames
+            max_frame_bytes=limits.max_frame_bytes,
+            max_frames=limits.max_frames,
+            handshake=self.handshake,
+            send=self._write_raw,
         )
+        self._handshake_timer: asyncio.TimerHandle | None = None
         self.inbox: BoundedQueue[list[memoryview]] = BoundedQueue(
             f"tcp recv {peer_hint}", max_items=limits.queue_messages, max_bytes=limits.queue_bytes
         )
@@ -82,9 +94,10 @@ class _StreamProtocol(asyncio.BufferedProtocol):
             self.inbox.name = f"tcp recv {self.peer}"
         high = self.limits.queue_bytes
         self.transport.set_write_buffer_limits(high=high, low=high // 4)
-        self.transport.write(PREAMBLE)
-        if not self.connected.done():
-            self.connected.set_result(None)
+        self.transport.write(PREAMBLE + self.handshake.hello())
+        self._handshake_timer = asyncio.get_running_loop().call_later(
+            HANDSHAKE_TIMEOUT, self._handshake_expired
+        )
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.parser.get_buffer()
@@ -96,6 +109,8 @@ class _StreamProtocol(asyncio.BufferedProtocol):
             self._deliver()  # complete messages before the bad bytes still count
             self._fail(exc.with_peer(self.peer))
             return
+        if self.handshake.done and not self.connected.done():
+            self._handshake_succeeded()
         self._deliver()
         if self.parser.goodbye:
             self.inbox.close(EndOfStream(self.peer))
@@ -126,6 +141,20 @@ class _StreamProtocol(asyncio.BufferedProtocol):
         self._writable.set()
 
     # -------------------------------------------------------------- helpers
+    def _write_raw(self, data: bytes) -> None:
+        if self.transport is not None:
+            self.transport.write(data)
+
+    def _handshake_succeeded(self) -> None:
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
+        self.connected.set_result(None)
+
+    def _handshake_expired(self) -> None:
+        if not self.handshake.done:
+            why = f"no proof of the run token within {HANDSHAKE_TIMEOUT:g} s"
+            self._fail(BadFrame("auth_timeout", why).with_peer(self.peer))
+
     def _deliver(self) -> None:
         if self.inbox.closed:  # closed locally: the application no longer reads
             self.discarded += len(self.parser.messages)
@@ -135,6 +164,8 @@ class _StreamProtocol(asyncio.BufferedProtocol):
         self.parser.messages.clear()
 
     def _fail(self, error: TianjiError) -> None:
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
         if self.error is None:
             self.error = error
             if isinstance(error, BadFrame):
@@ -312,8 +343,9 @@ class TcpConnection:
 class TcpListener:
     """A listening TCP socket; accepted connections queue up (bounded) for :meth:`accept`."""
 
-    def __init__(self, limits: Limits, backlog: int) -> None:
+    def __init__(self, limits: Limits, backlog: int, token: bytes | None) -> None:
         self._limits = limits
+        self._token = token
         self._server: asyncio.Server | None = None
         self._address = ""
         self._pending: BoundedQueue[TcpConnection] = BoundedQueue(
@@ -326,7 +358,7 @@ class TcpListener:
         return self._address
 
     def _protocol(self) -> _StreamProtocol:
-        proto = _StreamProtocol(self._limits, "tcp-peer")
+        proto = _StreamProtocol(self._limits, "tcp-peer", "server", self._token)
         proto.connected.add_done_callback(lambda f: self._on_connected(proto, f))
         return proto
 
@@ -367,26 +399,47 @@ class TcpListener:
 
 
 class TcpTransport:
-    """The ``tcp`` transport. ``listen("tcp://127.0.0.1:0")`` picks a free port."""
+    """The ``tcp`` transport. ``listen("tcp://127.0.0.1:0")`` picks a free port.
+
+    Args:
+        backlog: accepted connections waiting for :meth:`TcpListener.accept`.
+        token: the run token; ``None`` reads ``TIANJI_TOKEN`` at each listen/connect
+            (unset: no token is required, and peers that require one refuse us).
+    """
 
     scheme = "tcp"
 
-    def __init__(self, backlog: int = 256) -> None:
+    def __init__(self, backlog: int = 256, token: bytes | str | None = None) -> None:
         self.backlog = backlog
+        self.token = token.encode() if isinstance(token, str) else token
+
+    def _token(self) -> bytes | None:
+        return self.token if self.token is not None else token_from_env()
 
     async def listen(self, address: str, *, limits: Limits) -> TcpListener:
         host, port = parse_tcp_address(address)
-        listener = TcpListener(limits, self.backlog)
+        listener = TcpListener(limits, self.backlog, self._token())
         await listener._start(host, port)
         return listener
 
     async def connect(self, address: str, *, limits: Limits) -> TcpConnection:
         host, port = parse_tcp_address(address)
         loop = asyncio.get_running_loop()
+        token = self._token()
         try:
             _, proto = await loop.create_connection(
-                lambda: _StreamProtocol(limits, address), host, port
+                lambda: _StreamProtocol(limits, address, "client", token), host, port
             )
         except OSError as exc:
             raise BrokenByPeer(address, f"connect failed: {exc.strerror or exc}") from exc
+        try:
+            await asyncio.wait_for(asyncio.shield(proto.connected), HANDSHAKE_TIMEOUT + 1)
+        except TimeoutError:
+            proto._fail(BrokenByPeer(address, "no handshake from the listener"))
+            raise BrokenByPeer(address, "no handshake from the listener") from None
+        except BadFrame as exc:  # we refused it: it does not know our token
+            raise BrokenByPeer(address, f"refused the listener: {exc}") from exc
+        except TianjiError as exc:  # it closed on us: most likely it refused our token
+            why = "closed during the handshake (does it require a different run token?)"
+            raise BrokenByPeer(address, why) from exc
         return TcpConnection(proto)
