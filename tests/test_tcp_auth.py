@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 
 import pytest
-
-from tianji.core import Limits
-from tianji.errors import BrokenByPeer, ConfigError
 from tianji.transports import tcp
 from tianji.transports._auth import NONCE_BYTES, load_token
 from tianji.transports._framing import PREAMBLE, encode_prefix
+
+from tianji.core import Limits
+from tianji.errors import BrokenByPeer, ConfigError
 from tianji.training import run_token
 
 LIMITS = Limits()
@@ -24,10 +25,8 @@ async def pair(server_token: str | None, client_token: str | None) -> tuple[obje
         client = await tcp.TcpTransport(token=client_token).connect(listener.address, limits=LIMITS)
     except BrokenByPeer as exc:
         accepted = None
-        try:
+        with contextlib.suppress(TimeoutError):
             accepted = await asyncio.wait_for(listener.accept(), 0.3)
-        except TimeoutError:
-            pass
         await listener.aclose()
         return exc, accepted
     server = await asyncio.wait_for(listener.accept(), 5)
@@ -64,7 +63,7 @@ def test_a_client_without_the_token_is_refused_with_a_logged_reason(
 
 
 def test_a_client_with_a_token_refuses_a_listener_that_does_not_know_it() -> None:
-    error, accepted = asyncio.run(pair(None, "s3cret"))
+    error, _ = asyncio.run(pair(None, "s3cret"))
     assert isinstance(error, BrokenByPeer) and "refused the listener" in str(error)
 
 
@@ -85,9 +84,7 @@ def test_frames_behind_a_bad_proof_are_never_read(caplog: pytest.LogCaptureFixtu
     caplog.set_level(logging.WARNING, logger="tianji.transports.tcp")
 
     async def scenario() -> tuple[bytes, bool]:
-        listener = await tcp.TcpTransport(token="s3cret").listen(
-            "tcp://127.0.0.1:0", limits=LIMITS
-        )
+        listener = await tcp.TcpTransport(token="s3cret").listen("tcp://127.0.0.1:0", limits=LIMITS)
         message = encode_prefix([5]) + b"sneak"
         payload = PREAMBLE + b"n" * NONCE_BYTES + b"p" * 32 + message
         reply = await asyncio.to_thread(_raw_client, listener.address, payload)
@@ -110,9 +107,7 @@ def test_a_peer_that_never_proves_anything_is_dropped(monkeypatch: pytest.Monkey
     monkeypatch.setattr(tcp, "HANDSHAKE_TIMEOUT", 0.3)
 
     async def scenario() -> bytes:
-        listener = await tcp.TcpTransport(token="s3cret").listen(
-            "tcp://127.0.0.1:0", limits=LIMITS
-        )
+        listener = await tcp.TcpTransport(token="s3cret").listen("tcp://127.0.0.1:0", limits=LIMITS)
         reply = await asyncio.to_thread(_raw_client, listener.address, b"")
         await listener.aclose()
         return reply

@@ -1,10 +1,12 @@
 """The run-token handshake of byte-stream transports (sans-I/O).
 
-Right after the preamble each side sends a 16-byte random nonce; on the peer's nonce it
-sends a 32-byte proof, ``HMAC-SHA256(token, label | own role | peer nonce | own nonce)``;
-it checks the peer's proof the same way (with the peer's role) before it reads anything
-else. The roles differ (``client`` / ``server``), so a proof cannot be reflected back, and
-fresh nonces on both sides mean a recorded proof is worth nothing later. The token itself
+Right after the preamble each side sends a 16-byte random nonce. The client answers the
+server's nonce with a 32-byte proof, ``HMAC-SHA256(token, label | own role | peer nonce |
+own nonce)``; the server checks it before it reads anything else and only then sends its
+own proof, which the client checks the same way. A refused client therefore sees the
+connection close during the handshake instead of a connection that looks established.
+The roles differ (``client`` / ``server``), so a proof cannot be reflected back, and fresh
+nonces on both sides mean a recorded proof is worth nothing later. The token itself
 never crosses the wire.
 
 A side without a token proves with the empty key and does not check the peer's proof: it
@@ -74,13 +76,19 @@ class Handshake:
         key = self.token or b""
         return hmac.new(key, _LABEL + role + b"|" + first + second, hashlib.sha256).digest()
 
-    def on_hello(self, peer_nonce: bytes) -> bytes:
-        """The peer's nonce arrived; returns this side's proof to send."""
+    def on_hello(self, peer_nonce: bytes) -> bytes | None:
+        """The peer's nonce arrived; returns the proof to send now (the client's), or
+        ``None`` (the server proves only after it has checked the client)."""
         self.peer_nonce = bytes(peer_nonce)
+        return self._own_proof() if self.role == b"client" else None
+
+    def _own_proof(self) -> bytes:
+        assert self.peer_nonce is not None
         return self._proof(self.role, self.peer_nonce, self.nonce)
 
-    def on_proof(self, proof: bytes) -> None:
-        """Check the peer's proof.
+    def on_proof(self, proof: bytes) -> bytes | None:
+        """Check the peer's proof; returns the server's own proof to send once the
+        client's proof checked out (``None`` on the client).
 
         Raises:
             BadFrame: ``auth_failed`` when this side has a token and the peer's proof does
@@ -90,9 +98,11 @@ class Handshake:
         expected = self._proof(self.peer_role, self.nonce, self.peer_nonce)
         if self.token is not None and not hmac.compare_digest(bytes(proof), expected):
             without = self._proof_without_token()
-            why = "has no token" if hmac.compare_digest(bytes(proof), without) else "has a different token"
+            tokenless = hmac.compare_digest(bytes(proof), without)
+            why = "has no token" if tokenless else "has a different token"
             raise BadFrame("auth_failed", f"the peer {why} (it does not know this run's token)")
         self.done = True
+        return self._own_proof() if self.role == b"server" else None
 
     def _proof_without_token(self) -> bytes:
         assert self.peer_nonce is not None

@@ -22,9 +22,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from tianji.transports._auth import NONCE_BYTES, PROOF_BYTES, Handshake
 
 from tianji.errors import BadFrame
-from tianji.transports._auth import NONCE_BYTES, PROOF_BYTES, Handshake
 
 __all__ = ["GOODBYE", "PREAMBLE", "FrameParser", "encode_prefix"]
 
@@ -172,13 +172,17 @@ class FrameParser:
                 return False
             nonce = bytes(self._buf[self._start : self._start + NONCE_BYTES])
             self._start += NONCE_BYTES
-            self._send(hs.on_hello(nonce))
+            reply = hs.on_hello(nonce)
+            if reply is not None:
+                self._send(reply)
             return True
         if avail < PROOF_BYTES:
             return False
         proof = bytes(self._buf[self._start : self._start + PROOF_BYTES])
         self._start += PROOF_BYTES
-        hs.on_proof(proof)  # raises BadFrame("auth_failed") before anything else is read
+        reply = hs.on_proof(proof)  # raises BadFrame("auth_failed") before anything else is read
+        if reply is not None:
+            self._send(reply)
         return True
 
     def _parse_lengths(self, avail: int) -> bool:
