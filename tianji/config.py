@@ -39,6 +39,7 @@ __all__ = [
     "ControllerConfig",
     "EnvConfig",
     "LearnerConfig",
+    "RayConfig",
     "RunConfig",
     "StopConfig",
     "apply_overrides",
@@ -160,6 +161,43 @@ class ControllerConfig:
             raise ConfigError("controller.report_interval", self.report_interval, "0 .. 1 s")
 
 
+RAY_ROLES = ("actor", "buffer", "learner", "params", "inference")
+RAY_DEFAULT_CPUS = {"actor": 0.5, "learner": 0.5, "buffer": 0.2, "params": 0.1, "inference": 0.2}
+"""CPUs per service of each role on Ray: two actors, learner, buffer and params take 1.8,
+so a run of the examples fits a 2-CPU machine (Ray counts reservations, not use)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class RayConfig:
+    """Placement on Ray (``tianji train --backend ray``): where, and what each role reserves."""
+
+    address: str | None = None
+    """Ray cluster to join (``HOST:6379``, ``auto``); none: start a local Ray instance for the
+    run (or join ``RAY_ADDRESS`` when set). ``--ray-address`` sets it."""
+    num_cpus: dict[str, float] = dataclasses.field(default_factory=dict)
+    """CPUs each service of a role reserves, e.g. ``{learner = 1}``; roles not given keep
+    :data:`RAY_DEFAULT_CPUS`."""
+    num_gpus: dict[str, float] = dataclasses.field(default_factory=dict)
+    """GPUs each service of a role reserves (default 0), e.g. ``{learner = 1}`` to place
+    the learner on a GPU node; its ``learner.device = "auto"`` then picks CUDA."""
+
+    def __post_init__(self) -> None:
+        if self.address is not None and not self.address.strip():
+            raise ConfigError("ray.address", self.address, "HOST:PORT, 'auto' or no value")
+        for key in ("num_cpus", "num_gpus"):
+            for role, value in getattr(self, key).items():
+                if role not in RAY_ROLES:
+                    raise ConfigError(f"ray.{key}.{role}", value, f"a role of {list(RAY_ROLES)}")
+                if type(value) not in (int, float) or not 0 <= value < float("inf"):
+                    raise ConfigError(f"ray.{key}.{role}", value, "a number >= 0")
+
+    def resources(self, role: str) -> tuple[float, float]:
+        """(CPUs, GPUs) a service of ``role`` reserves; unknown roles (e.g. a demo's
+        ``producer``) reserve the actors' CPUs and no GPU."""
+        cpus = self.num_cpus.get(role, RAY_DEFAULT_CPUS.get(role, RAY_DEFAULT_CPUS["actor"]))
+        return float(cpus), float(self.num_gpus.get(role, 0.0))
+
+
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class RunConfig:
     """A whole training run."""
@@ -177,6 +215,7 @@ class RunConfig:
     learner: LearnerConfig = dataclasses.field(default_factory=LearnerConfig)
     stop: StopConfig = dataclasses.field(default_factory=StopConfig)
     controller: ControllerConfig = dataclasses.field(default_factory=ControllerConfig)
+    ray: RayConfig = dataclasses.field(default_factory=RayConfig)
     algo: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Fields of the algorithm's own ``Config`` (checked against it)."""
 

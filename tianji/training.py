@@ -16,17 +16,19 @@ import os
 import secrets
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
 
-from tianji.balance import balance_config
+from tianji.balance import BalanceConfig, balance_config
 from tianji.config import RunConfig, to_dict
 from tianji.controller import Controller, accounting, dropped_by_reason, lag_summary
 from tianji.core import BufferSpec
+from tianji.errors import ConfigError
 from tianji.events import EpisodesFinished
+from tianji.launch.base import Launcher, Progress, Until
 from tianji.launch.local import LocalLauncher, run_local
 from tianji.launch.spec import ServiceSpec
 from tianji.service import Service
@@ -161,6 +163,7 @@ def train(
     summary_path: str | None = None,
     metrics_path: str | None = None,
     out: TextIO = sys.stdout,
+    backend: str = "local",
 ) -> dict[str, Any]:
     """Run a training job to its end and return (and optionally write) its summary.
 
@@ -169,6 +172,8 @@ def train(
         summary_path: write the summary JSON here.
         metrics_path: append one JSON line of metrics per progress interval here.
         out: where progress lines go.
+        backend: "local" (one process per service here) or "ray" (one Ray actor per
+            service, placed as ``config.ray`` says).
 
     Raises:
         ConfigError: before any process starts, for any bad setting.
@@ -202,16 +207,7 @@ def train(
             metrics_file.write(json.dumps(row) + "\n")
             metrics_file.flush()
 
-    launcher = LocalLauncher(
-        specs,
-        until=until,
-        in_process=config.transport == "inproc",
-        controller_bind=control_bind,
-        local_services=local,
-        progress=progress,
-        progress_interval=2.0,
-        balance=balance,
-    )
+    launcher = _launcher(backend, config, specs, until, local, progress, balance)
     started = time.monotonic()
     try:
         with run_token():
@@ -222,9 +218,59 @@ def train(
     wall = time.monotonic() - started
     summary = summarize(config, launcher.controller, monitor_box[0], wall, on_policy)
     summary["stop_reason"] = monitor_box[0].done() or result.reason
+    summary["backend"] = backend
     if summary_path:
         Path(summary_path).write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def _launcher(
+    backend: str,
+    config: RunConfig,
+    specs: list[ServiceSpec],
+    until: Until,
+    local: Callable[[str], list[Service]],
+    progress: Progress,
+    balance: BalanceConfig | None,
+) -> Launcher:
+    """The launcher of ``backend`` for a training run (checked before anything starts).
+
+    Raises:
+        ConfigError: for an unknown backend, Ray missing, or a transport Ray cannot carry.
+    """
+    control_bind = _binds(config.transport)[1]
+    if backend == "local":
+        return LocalLauncher(
+            specs,
+            until=until,
+            in_process=config.transport == "inproc",
+            controller_bind=control_bind,
+            local_services=local,
+            progress=progress,
+            progress_interval=2.0,
+            balance=balance,
+        )
+    if backend != "ray":
+        raise ConfigError("backend", backend, "local or ray")
+    if config.transport != "tcp":
+        raise ConfigError(
+            "transport",
+            config.transport,
+            "tcp with --backend ray (shm reaches one host, inproc one process)",
+        )
+    from tianji.launch.ray import RayLauncher
+
+    return RayLauncher(
+        specs,
+        until=until,
+        controller_bind=control_bind,
+        local_services=local,
+        progress=progress,
+        progress_interval=2.0,
+        balance=balance,
+        address=config.ray.address,
+        resources=config.ray,
+    )
 
 
 @contextlib.contextmanager
@@ -347,6 +393,7 @@ SHORTCUTS = {
     "max_seconds": "stop.max_seconds",
     "target_return": "stop.target_return",
     "mode": "controller.mode",
+    "ray_address": "ray.address",
 }
 
 
@@ -380,6 +427,15 @@ def add_train_parser(sub: Any) -> None:
         choices=["relaxed", "sync", "unbalanced"],
         help="controller.mode: relaxed (default), sync (baseline) or unbalanced (no limits)",
     )
+    p.add_argument(
+        "--backend",
+        choices=["local", "ray"],
+        default="local",
+        help="local: one process per service here (default); ray: one Ray actor per service",
+    )
+    p.add_argument(
+        "--ray-address", metavar="ADDR", help="Ray cluster to join, e.g. HOST:6379 (ray.address)"
+    )
     p.add_argument("--summary", metavar="PATH", help="write the summary JSON here")
     p.add_argument(
         "--token-file",
@@ -408,9 +464,11 @@ def _cmd_train(args: Any) -> int:
     print(
         f"tianji train: {config.algorithm} on {config.env.id}, {config.actors.count} actors x "
         f"{config.actors.envs_per_actor} envs, transport {config.transport}, seed {config.seed}, "
-        f"controller {config.controller.mode}",
+        f"controller {config.controller.mode}, backend {args.backend}",
         flush=True,
     )
-    summary = train(config, summary_path=args.summary, metrics_path=args.metrics)
+    summary = train(
+        config, summary_path=args.summary, metrics_path=args.metrics, backend=args.backend
+    )
     print(json.dumps(summary, indent=2))
     return 0

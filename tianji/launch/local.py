@@ -17,110 +17,62 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import logging
 import os
 import signal
 import sys
-import time
 from collections.abc import Callable, Sequence
-from typing import Any, TextIO
+from typing import TextIO
 
 from tianji.balance import BalanceConfig
 from tianji.controller import Controller
-from tianji.errors import ConfigError, ServiceFailed
-from tianji.events import ServiceReported
+from tianji.launch.base import (
+    Handle,
+    Launcher,
+    LaunchResult,
+    Progress,
+    ServiceTask,
+    Until,
+    run_launcher,
+)
 from tianji.launch.spec import ServiceSpec, build_service
-from tianji.runtime import run
 from tianji.service import Service, ServiceOptions
 
-__all__ = ["LaunchResult", "LocalLauncher", "run_local"]
+__all__ = ["LaunchResult", "LocalLauncher", "print_progress", "run_local"]
 
 log = logging.getLogger("tianji.launch")
-Until = Callable[[Controller], bool]
-Progress = Callable[[Controller, float], None]
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class LaunchResult:
-    """How a launched run ended."""
+class _Process:
+    """A service running in a child process."""
 
-    run_id: str
-    reason: str
-    reports: dict[str, ServiceReported]
-    exit_codes: dict[str, int | None]
-    elapsed: float
-
-
-class _Child:
-    """A launched service: a child process, or a task in this loop (in-process runs)."""
-
-    def __init__(
-        self,
-        spec: ServiceSpec,
-        proc: asyncio.subprocess.Process | None = None,
-        service: Service | None = None,
-    ) -> None:
+    def __init__(self, spec: ServiceSpec, proc: asyncio.subprocess.Process) -> None:
         self.spec = spec
         self.proc = proc
-        self.service = service
-        self.task: asyncio.Task[int] | None = None
-        if service is not None:
-            self.task = asyncio.create_task(self._run_service(service))
-
-    @staticmethod
-    async def _run_service(service: Service) -> int:
-        try:
-            await service.run()
-        except Exception:
-            log.exception("service %s failed", service.name)
-            return 1
-        return 0
+        self.exit_note = ""
 
     @property
     def returncode(self) -> int | None:
-        if self.proc is not None:
-            return self.proc.returncode
-        assert self.task is not None
-        if not self.task.done():
-            return None
-        return -9 if self.task.cancelled() else self.task.result()
+        return self.proc.returncode
 
     async def wait(self) -> int | None:
-        if self.proc is not None:
-            return await self.proc.wait()
-        assert self.task is not None
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.shield(self.task)
-        return self.returncode
+        return await self.proc.wait()
 
     def signal(self, sig: signal.Signals) -> None:
-        if self.proc is not None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(sig)
-        elif self.service is not None and self.task is not None:
-            if sig is signal.SIGKILL:
-                self.task.cancel()
-            else:
-                self.service.stop(f"signal {sig.name}")
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.send_signal(sig)
 
 
-class LocalLauncher:
-    """See the module docstring.
+class LocalLauncher(Launcher):
+    """See the module docstring; the watch and stop logic is :class:`Launcher`'s.
 
     Args:
         specs: the services to start, one process each.
-        until: the run is complete when this holds (checked on every registry change).
-        timeout: seconds after which the run is stopped and ``TimeoutError`` raised.
-        controller_bind: where the controller listens.
-        progress: called about every ``progress_interval`` seconds (e.g. print a line).
-        grace: seconds children get to exit after Shutdown before SIGTERM, then SIGKILL.
         in_process: run every service as a task in this loop instead of a process each
             (with ``inproc://`` binds this is the one-process debugging mode).
-        local_services: ``f(controller_address)`` builds extra services (e.g. a monitor)
-            that run in this loop for the whole run.
-        balance: when given, the controller balances production and consumption.
+        until, timeout, controller_bind, progress, progress_interval, grace, options,
+            local_services, balance: as for :class:`~tianji.launch.base.Launcher`.
     """
 
     def __init__(
@@ -138,72 +90,23 @@ class LocalLauncher:
         local_services: Callable[[str], Sequence[Service]] | None = None,
         balance: BalanceConfig | None = None,
     ) -> None:
-        names = [s.name for s in specs]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
-            raise ConfigError("services", dupes, "unique service names")
-        self.specs = list(specs)
-        self.until = until
-        self.timeout = timeout
-        self.progress = progress
-        self.progress_interval = progress_interval
-        self.grace = grace
-        self.controller = Controller(bind=controller_bind, options=options, balance=balance)
-        self.children: dict[str, _Child] = {}
-        self.in_process = in_process
-        self.local_services = local_services
-
-    async def run(self) -> LaunchResult:
-        """Start everything, wait for the end, stop everything; see the module docstring.
-
-        Raises:
-            ServiceFailed: if a child process exited with an error.
-            TimeoutError: if ``timeout`` passed first.
-        """
-        started = time.monotonic()
-        ctl_task = asyncio.create_task(self.controller.run())
-        loop = asyncio.get_running_loop()
-        stop_signal = asyncio.Event()
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(signal.SIGTERM, stop_signal.set)
-        reason = "interrupted"
-        local: list[_Child] = []
-        try:
-            await _ready_or_failed(self.controller, ctl_task)
-            if self.local_services is not None:
-                for svc in self.local_services(self.controller.address):
-                    local.append(_Child(ServiceSpec(name=svc.name, factory="local:-"), service=svc))
-            for spec in self.specs:
-                await self._spawn(spec)
-            reason = await self._watch(stop_signal, started)
-            if reason == "timeout":
-                raise TimeoutError(f"run {self.controller.run_id} timed out after {self.timeout}s")
-        finally:
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.remove_signal_handler(signal.SIGTERM)
-            codes = await self._stop_all(reason)
-            for child in local:
-                child.signal(signal.SIGTERM)
-                await child.wait()
-            self.controller.stop(reason)
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(ctl_task, self.grace)
-        failed = {n: c for n, c in codes.items() if c not in (0, None)}
-        if reason.startswith("failed"):
-            raise ServiceFailed(reason.split(" ", 2)[1], f"{reason}; exit codes {failed}")
-        return LaunchResult(
-            self.controller.run_id,
-            reason,
-            dict(self.controller.reports),
-            codes,
-            time.monotonic() - started,
+        super().__init__(
+            specs,
+            until=until,
+            timeout=timeout,
+            controller_bind=controller_bind,
+            progress=progress,
+            progress_interval=progress_interval,
+            grace=grace,
+            options=options,
+            local_services=local_services,
+            balance=balance,
         )
+        self.in_process = in_process
 
-    async def _spawn(self, spec: ServiceSpec) -> None:
-        spec = dataclasses.replace(spec, controller=self.controller.address)
+    async def _spawn(self, spec: ServiceSpec) -> Handle:
         if self.in_process:
-            self.children[spec.name] = _Child(spec, service=build_service(spec))
-            return
+            return ServiceTask(spec, build_service(spec))
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
@@ -221,73 +124,8 @@ class LocalLauncher:
         proc.stdin.write(json.dumps(spec.to_json()).encode())
         await proc.stdin.drain()
         proc.stdin.close()
-        self.children[spec.name] = _Child(spec, proc=proc)
         log.info("started %s (pid %d)", spec.name, proc.pid)
-
-    async def _watch(self, stop_signal: asyncio.Event, started: float) -> str:
-        """Return why the run ends: complete, failed NAME ..., timeout or signal."""
-        exits: dict[asyncio.Future[Any], str] = {
-            asyncio.ensure_future(c.wait()): n for n, c in self.children.items()
-        }
-        complete = asyncio.ensure_future(self.controller.wait_until(self.until))
-        signalled = asyncio.ensure_future(stop_signal.wait())
-        pending: set[asyncio.Future[Any]] = {complete, signalled, *exits}
-        next_progress = time.monotonic() + self.progress_interval
-        try:
-            while True:
-                deadline = None if self.timeout is None else started + self.timeout
-                wait = self.progress_interval if self.progress else None
-                if deadline is not None:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        return "timeout"
-                    wait = left if wait is None else min(wait, left)
-                done, pending = await asyncio.wait(
-                    pending, timeout=wait, return_when=asyncio.FIRST_COMPLETED
-                )
-                if complete in done:
-                    return "complete"
-                if signalled in done:
-                    return "terminated"
-                for task in done:
-                    name = exits.get(task)
-                    code = self.children[name].returncode if name else None
-                    if name is not None and code != 0:
-                        return f"failed {name} exited with code {code}"
-                if self.progress and time.monotonic() >= next_progress:
-                    self.progress(self.controller, time.monotonic() - started)
-                    next_progress = time.monotonic() + self.progress_interval
-        finally:
-            for task in pending:
-                task.cancel()
-
-    async def _stop_all(self, reason: str) -> dict[str, int | None]:
-        """Shutdown -> SIGTERM -> SIGKILL; returns every child's exit code."""
-        alive = [c for c in self.children.values() if c.returncode is None]
-        if alive:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.controller.shutdown_all(reason), self.grace)
-            for sig in (None, signal.SIGTERM, signal.SIGKILL):
-                alive = [c for c in alive if c.returncode is None]
-                if not alive:
-                    break
-                if sig is not None:
-                    log.warning("sending %s to %s", sig.name, [c.spec.name for c in alive])
-                    for child in alive:
-                        child.signal(sig)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.gather(*(c.wait() for c in alive)), self.grace)
-        return {n: c.returncode for n, c in self.children.items()}
-
-
-async def _ready_or_failed(controller: Controller, ctl_task: asyncio.Task[None]) -> None:
-    """Wait for the controller to be ready; raise what it died of if it did not get there."""
-    ready = asyncio.create_task(controller.wait_ready())
-    await asyncio.wait({ready, ctl_task}, return_when=asyncio.FIRST_COMPLETED)
-    if not ready.done():
-        ready.cancel()
-        ctl_task.result()
-        raise ServiceFailed(controller.name, "stopped before it was ready")
+        return _Process(spec, proc)
 
 
 def print_progress(stream: TextIO = sys.stdout) -> Progress:
@@ -311,6 +149,6 @@ def print_progress(stream: TextIO = sys.stdout) -> Progress:
     return show
 
 
-def run_local(launcher: LocalLauncher) -> LaunchResult:
+def run_local(launcher: Launcher) -> LaunchResult:
     """Blocking helper: run ``launcher`` on the configured event loop (uvloop if present)."""
-    return run(launcher.run())
+    return run_launcher(launcher)

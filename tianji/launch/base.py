@@ -1,0 +1,301 @@
+"""What every launcher shares: run the controller here, start the services, watch, stop.
+
+A launcher subclass says only how one service is started (:meth:`Launcher._spawn`, which
+returns a :class:`Handle`) and, optionally, what to set up before the run and release
+after it (:meth:`Launcher._open`, :meth:`Launcher._close`). Everything else — the
+controller in this event loop, the services that run in it (``local_services``), the
+watch loop (complete / a service died / signal / timeout) and the ordered stop
+(Shutdown, then SIGTERM, then SIGKILL) — is here, once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import signal
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from tianji.balance import BalanceConfig
+from tianji.controller import Controller
+from tianji.errors import ConfigError, ServiceFailed
+from tianji.events import ServiceReported
+from tianji.launch.spec import ServiceSpec
+from tianji.runtime import run
+from tianji.service import Service, ServiceOptions
+
+__all__ = ["Handle", "LaunchResult", "Launcher", "Progress", "ServiceTask", "Until", "run_launcher"]
+
+log = logging.getLogger("tianji.launch")
+Until = Callable[[Controller], bool]
+Progress = Callable[[Controller, float], None]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LaunchResult:
+    """How a launched run ended."""
+
+    run_id: str
+    reason: str
+    reports: dict[str, ServiceReported]
+    exit_codes: dict[str, int | None]
+    elapsed: float
+
+
+class Handle(Protocol):
+    """A started service, however it was placed (process, task, Ray actor)."""
+
+    spec: ServiceSpec
+    exit_note: str
+    """Why it ended, when more can be said than the exit code (e.g. "Ray actor died")."""
+
+    @property
+    def returncode(self) -> int | None:
+        """``None`` while running, 0 after a clean stop, anything else after a failure."""
+
+    async def wait(self) -> int | None:
+        """Wait until it ended; return :attr:`returncode`."""
+
+    def signal(self, sig: signal.Signals) -> None:
+        """SIGTERM: ask it to stop gracefully; SIGKILL: end it now."""
+
+
+class ServiceTask:
+    """A service run as a task in this event loop (in-process runs, the monitor)."""
+
+    def __init__(self, spec: ServiceSpec, service: Service) -> None:
+        self.spec = spec
+        self.service = service
+        self.exit_note = ""
+        self.task: asyncio.Task[int] = asyncio.create_task(self._run_service(service))
+
+    @staticmethod
+    async def _run_service(service: Service) -> int:
+        try:
+            await service.run()
+        except Exception:
+            log.exception("service %s failed", service.name)
+            return 1
+        return 0
+
+    @property
+    def returncode(self) -> int | None:
+        if not self.task.done():
+            return None
+        return -9 if self.task.cancelled() else self.task.result()
+
+    async def wait(self) -> int | None:
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(self.task)
+        return self.returncode
+
+    def signal(self, sig: signal.Signals) -> None:
+        if sig is signal.SIGKILL:
+            self.task.cancel()
+        else:
+            self.service.stop(f"signal {sig.name}")
+
+
+class Launcher:
+    """Runs a graph of services to its end; subclasses place the services.
+
+    The run ends when ``until(controller)`` holds, when a service dies (the others are
+    stopped and :class:`ServiceFailed` is raised), on SIGTERM / Ctrl-C, or on timeout. In
+    every case every service is stopped: Shutdown first, then SIGTERM, then SIGKILL.
+
+    Args:
+        specs: the services to start.
+        until: the run is complete when this holds (checked on every registry change).
+        timeout: seconds after which the run is stopped and ``TimeoutError`` raised.
+        controller_bind: where the controller listens.
+        progress: called about every ``progress_interval`` seconds (e.g. print a line).
+        grace: seconds services get to exit after Shutdown before SIGTERM, then SIGKILL.
+        options: runtime options of the controller.
+        local_services: ``f(controller_address)`` builds extra services (e.g. a monitor)
+            that run in this loop for the whole run.
+        balance: when given, the controller balances production and consumption.
+
+    Raises:
+        ConfigError: if two specs share a name.
+    """
+
+    def __init__(
+        self,
+        specs: Sequence[ServiceSpec],
+        *,
+        until: Until,
+        timeout: float | None = None,
+        controller_bind: str = "tcp://127.0.0.1:0",
+        progress: Progress | None = None,
+        progress_interval: float = 2.0,
+        grace: float = 10.0,
+        options: ServiceOptions | None = None,
+        local_services: Callable[[str], Sequence[Service]] | None = None,
+        balance: BalanceConfig | None = None,
+    ) -> None:
+        names = [s.name for s in specs]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ConfigError("services", dupes, "unique service names")
+        self.specs = list(specs)
+        self.until = until
+        self.timeout = timeout
+        self.progress = progress
+        self.progress_interval = progress_interval
+        self.grace = grace
+        self.controller = Controller(bind=controller_bind, options=options, balance=balance)
+        self.children: dict[str, Handle] = {}
+        self.local_services = local_services
+
+    # ------------------------------------------------------------------ for subclasses
+    async def _spawn(self, spec: ServiceSpec) -> Handle:
+        """Start one service (``spec.controller`` is already filled in)."""
+        raise NotImplementedError
+
+    async def _open(self) -> None:
+        """Set up before the controller starts (e.g. connect to a cluster)."""
+
+    async def _started(self) -> None:
+        """Called once every service was spawned (e.g. wait until all are placed)."""
+
+    async def _close(self) -> None:
+        """Release what :meth:`_open` set up; runs after every service has stopped."""
+
+    # ------------------------------------------------------------------ the run
+    async def run(self) -> LaunchResult:
+        """Start everything, wait for the end, stop everything; see the class docstring.
+
+        Raises:
+            ServiceFailed: if a service failed or died.
+            TimeoutError: if ``timeout`` passed first.
+        """
+        started = time.monotonic()
+        await self._open()
+        try:
+            reason, codes = await self._run_controlled(started)
+        finally:
+            await self._close()
+        failed = {n: c for n, c in codes.items() if c not in (0, None)}
+        if reason.startswith("failed"):
+            raise ServiceFailed(reason.split(" ", 2)[1], f"{reason}; exit codes {failed}")
+        return LaunchResult(
+            self.controller.run_id,
+            reason,
+            dict(self.controller.reports),
+            codes,
+            time.monotonic() - started,
+        )
+
+    async def _run_controlled(self, started: float) -> tuple[str, dict[str, int | None]]:
+        ctl_task = asyncio.create_task(self.controller.run())
+        loop = asyncio.get_running_loop()
+        stop_signal = asyncio.Event()
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signal.SIGTERM, stop_signal.set)
+        reason = "interrupted"
+        local: list[ServiceTask] = []
+        try:
+            await _ready_or_failed(self.controller, ctl_task)
+            if self.local_services is not None:
+                for svc in self.local_services(self.controller.address):
+                    local.append(ServiceTask(ServiceSpec(name=svc.name, factory="local:-"), svc))
+            for spec in self.specs:
+                spec = dataclasses.replace(spec, controller=self.controller.address)
+                self.children[spec.name] = await self._spawn(spec)
+            await self._started()
+            reason = await self._watch(stop_signal, started)
+            if reason == "timeout":
+                raise TimeoutError(f"run {self.controller.run_id} timed out after {self.timeout}s")
+        finally:
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(signal.SIGTERM)
+            codes = await self._stop_all(reason)
+            for child in local:
+                child.signal(signal.SIGTERM)
+                await child.wait()
+            self.controller.stop(reason)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(ctl_task, self.grace)
+        return reason, codes
+
+    async def _watch(self, stop_signal: asyncio.Event, started: float) -> str:
+        """Return why the run ends: complete, failed NAME ..., timeout or terminated."""
+        exits: dict[asyncio.Future[Any], str] = {
+            asyncio.ensure_future(c.wait()): n for n, c in self.children.items()
+        }
+        complete = asyncio.ensure_future(self.controller.wait_until(self.until))
+        signalled = asyncio.ensure_future(stop_signal.wait())
+        pending: set[asyncio.Future[Any]] = {complete, signalled, *exits}
+        next_progress = time.monotonic() + self.progress_interval
+        try:
+            while True:
+                deadline = None if self.timeout is None else started + self.timeout
+                wait = self.progress_interval if self.progress else None
+                if deadline is not None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return "timeout"
+                    wait = left if wait is None else min(wait, left)
+                done, pending = await asyncio.wait(
+                    pending, timeout=wait, return_when=asyncio.FIRST_COMPLETED
+                )
+                if complete in done:
+                    return "complete"
+                if signalled in done:
+                    return "terminated"
+                failure = self._failure(done, exits)
+                if failure is not None:
+                    return failure
+                if self.progress and time.monotonic() >= next_progress:
+                    self.progress(self.controller, time.monotonic() - started)
+                    next_progress = time.monotonic() + self.progress_interval
+        finally:
+            for task in pending:
+                task.cancel()
+
+    def _failure(self, done: set[asyncio.Future[Any]], exits: dict[Any, str]) -> str | None:
+        for task in done:
+            name = exits.get(task)
+            if name is None:
+                continue
+            child = self.children[name]
+            if child.returncode != 0:
+                note = f" ({child.exit_note})" if child.exit_note else ""
+                return f"failed {name} exited with code {child.returncode}{note}"
+        return None
+
+    async def _stop_all(self, reason: str) -> dict[str, int | None]:
+        """Shutdown -> SIGTERM -> SIGKILL; returns every service's exit code."""
+        alive = [c for c in self.children.values() if c.returncode is None]
+        if alive:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.controller.shutdown_all(reason), self.grace)
+            for sig in (None, signal.SIGTERM, signal.SIGKILL):
+                alive = [c for c in alive if c.returncode is None]
+                if not alive:
+                    break
+                if sig is not None:
+                    log.warning("sending %s to %s", sig.name, [c.spec.name for c in alive])
+                    for child in alive:
+                        child.signal(sig)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.gather(*(c.wait() for c in alive)), self.grace)
+        return {n: c.returncode for n, c in self.children.items()}
+
+
+async def _ready_or_failed(controller: Controller, ctl_task: asyncio.Task[None]) -> None:
+    """Wait for the controller to be ready; raise what it died of if it did not get there."""
+    ready = asyncio.create_task(controller.wait_ready())
+    await asyncio.wait({ready, ctl_task}, return_when=asyncio.FIRST_COMPLETED)
+    if not ready.done():
+        ready.cancel()
+        ctl_task.result()
+        raise ServiceFailed(controller.name, "stopped before it was ready")
+
+
+def run_launcher(launcher: Launcher) -> LaunchResult:
+    """Blocking helper: run ``launcher`` on the configured event loop (uvloop if present)."""
+    return run(launcher.run())

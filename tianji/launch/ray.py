@@ -1,0 +1,338 @@
+"""Run a graph of services as Ray actors (``tianji train CONFIG --backend ray``).
+
+Each :class:`ServiceSpec` becomes one Ray actor (:class:`ServiceActor`) reserving the CPUs
+and GPUs of its role (:class:`~tianji.config.RayConfig`); Ray only places and starts the
+services. The controller and the ``local_services`` (the training monitor) stay in this
+process, and every byte of data still moves over tianji's own TCP links, never through
+Ray's object store. The spec travels to the actor as a JSON dict.
+
+Ray is optional (``pip install "tianji[ray]"``) and imported only here, only when used.
+
+Placement and addresses:
+
+- With a local Ray instance (none running: one is started for the run and shut down
+  after it) or a cluster whose nodes are all this host, everything binds ``127.0.0.1``.
+- With a cluster spanning hosts, the controller binds this host's node IP and each
+  service binds its node's IP, so the addresses they register are reachable from every
+  node. Services need ``tcp://`` (shm reaches one host, inproc one process).
+
+A dead actor (``ray.kill``, a crashed worker, a lost node) ends the run like a dead child
+process: the others are stopped and :class:`~tianji.errors.ServiceFailed` names it. Ray
+never restarts a service (``max_restarts=0``). Every actor of the run is killed when the
+run ends; Ray is shut down only if this launcher started it.
+
+Usage::
+
+    launcher = RayLauncher(specs, until=lambda c: "consumer-0" in c.reports, timeout=120)
+    result = run_launcher(launcher)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import Any
+
+from tianji.balance import BalanceConfig
+from tianji.config import RayConfig
+from tianji.errors import ConfigError, ServiceFailed
+from tianji.launch.base import Handle, Launcher, Progress, Until
+from tianji.launch.spec import ServiceSpec, build_service
+from tianji.runtime import run
+from tianji.service import Service, ServiceOptions
+
+__all__ = ["RayLauncher", "ServiceActor", "import_ray", "role_of"]
+
+log = logging.getLogger("tianji.launch.ray")
+_PASSED_ENV = ("TIANJI_TOKEN", "TIANJI_LOG_LEVEL", "TIANJI_LOOP")
+"""Environment variables the actors get from this process (the run token above all)."""
+
+
+def import_ray() -> ModuleType:
+    """The ``ray`` module.
+
+    Raises:
+        ConfigError: naming the extra to install when Ray is missing.
+    """
+    try:
+        import ray
+    except ImportError as exc:
+        raise ConfigError(
+            "backend", "ray", f'Ray installed: pip install "tianji[ray]" ({exc})'
+        ) from None
+    return ray
+
+
+def role_of(spec: ServiceSpec) -> str:
+    """The role a service's resources are looked up by: its name without ``-<index>``."""
+    return spec.name.rsplit("-", 1)[0]
+
+
+def _with_host(address: str, host: str) -> str:
+    """``tcp://HOST:PORT`` with another host; refuses anything but TCP.
+
+    Raises:
+        ConfigError: if ``address`` is not a ``tcp://`` address.
+    """
+    scheme, sep, rest = address.partition("://")
+    if scheme != "tcp" or not sep or ":" not in rest:
+        raise ConfigError(
+            "bind", address, "a tcp://HOST:PORT address (shm reaches one host, inproc one process)"
+        )
+    return f"tcp://{host}:{rest.rsplit(':', 1)[1]}"
+
+
+class ServiceActor:
+    """The Ray actor that runs one service.
+
+    It is threaded (created with ``max_concurrency=2``): :meth:`run` holds one thread for
+    the whole run, so :meth:`stop` is served by the other while it runs.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._service: Service | None = None
+        self._stop_reason: str | None = None
+
+    def pid(self) -> int:
+        """This actor's process id (answering also proves it was placed and started)."""
+        return os.getpid()
+
+    def run(self, spec_json: dict[str, Any]) -> int:
+        """Build the service from its JSON spec and run it; 0 on a clean stop, 1 on failure."""
+        spec = ServiceSpec.from_json(spec_json)
+        logging.basicConfig(
+            level=os.environ.get("TIANJI_LOG_LEVEL", "WARNING"),
+            format=f"%(asctime)s {spec.name} %(levelname)s %(name)s: %(message)s",
+        )
+        codes: list[int] = []
+        # Ray's method threads may already run an event loop; the service gets its own thread.
+        thread = threading.Thread(target=lambda: codes.append(self._run(spec)), name=spec.name)
+        thread.start()
+        thread.join()
+        return codes[0] if codes else 1
+
+    def _run(self, spec: ServiceSpec) -> int:
+        try:
+            return run(self._serve(build_service(_bind_on_node(spec))))
+        except Exception:
+            log.exception("service %s failed", spec.name)
+            return 1
+
+    async def _serve(self, service: Service) -> int:
+        with self._lock:
+            self._loop = asyncio.get_running_loop()
+            self._service = service
+            early = self._stop_reason
+        if early is not None:  # stop() came before the loop existed
+            service.stop(early)
+        await service.run()
+        return 0
+
+    def stop(self, reason: str) -> None:
+        """Ask the service to drain and stop (thread-safe; idempotent)."""
+        with self._lock:
+            if self._stop_reason is None:
+                self._stop_reason = reason
+            loop, service = self._loop, self._service
+        if loop is not None and service is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: it has stopped
+                loop.call_soon_threadsafe(service.stop, reason)
+
+
+def _bind_on_node(spec: ServiceSpec) -> ServiceSpec:
+    """A spec binding ``0.0.0.0`` binds this node's IP instead, so the address the service
+    registers is the one other nodes reach it at."""
+    if not spec.bind.startswith("tcp://0.0.0.0:"):
+        return spec
+    ray = import_ray()
+    # HOOK(advertise): once ServiceSpec.advertise is on main, keep the 0.0.0.0 bind and set
+    # advertise=ray.util.get_node_ip_address() instead of binding the node IP.
+    return dataclasses.replace(spec, bind=_with_host(spec.bind, ray.util.get_node_ip_address()))
+
+
+class _RayActor:
+    """The launcher's handle on one service actor (see :class:`~tianji.launch.base.Handle`)."""
+
+    def __init__(self, spec: ServiceSpec, actor: Any, ray: ModuleType) -> None:
+        self.spec = spec
+        self.actor = actor
+        self.exit_note = ""
+        self.pid: int | None = None
+        self._ray = ray
+        self._task = asyncio.create_task(self._result(actor.run.remote(spec.to_json())))
+
+    async def _result(self, ref: Any) -> int:
+        try:
+            return int(await asyncio.wrap_future(ref.future()))
+        except self._ray.exceptions.RayActorError as exc:
+            self.exit_note = "Ray actor died: " + _first_line(exc)
+            return -9
+        except self._ray.exceptions.RayError as exc:
+            self.exit_note = "Ray task failed: " + _first_line(exc)
+            return 1
+
+    @property
+    def returncode(self) -> int | None:
+        return self._task.result() if self._task.done() else None
+
+    async def wait(self) -> int | None:
+        return await asyncio.shield(self._task)
+
+    def signal(self, sig: signal.Signals) -> None:
+        if sig is signal.SIGKILL:
+            self.kill()
+        else:
+            self.actor.stop.remote(f"signal {sig.name}")
+
+    def kill(self) -> None:
+        with contextlib.suppress(Exception):  # already gone, or Ray is shutting down
+            self._ray.kill(self.actor, no_restart=True)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return (lines[0] if lines else type(exc).__name__)[:300]
+
+
+class RayLauncher(Launcher):
+    """See the module docstring; the watch and stop logic is :class:`Launcher`'s.
+
+    Args:
+        specs: the services to start, one Ray actor each; their binds must be ``tcp://``.
+        address: the Ray cluster to join; ``None``: the Ray already initialized in this
+            process, else ``RAY_ADDRESS``, else a local Ray started for the run.
+        resources: CPUs and GPUs per role (:func:`role_of`); defaults to ``RayConfig()``.
+        placement_timeout: seconds every actor gets to be placed and started.
+        until, timeout, controller_bind, progress, progress_interval, grace, options,
+            local_services, balance: as for :class:`~tianji.launch.base.Launcher`.
+
+    Raises:
+        ConfigError: if Ray is not installed, or a spec does not bind ``tcp://``.
+    """
+
+    def __init__(
+        self,
+        specs: Sequence[ServiceSpec],
+        *,
+        until: Until,
+        timeout: float | None = None,
+        controller_bind: str = "tcp://127.0.0.1:0",
+        progress: Progress | None = None,
+        progress_interval: float = 2.0,
+        grace: float = 10.0,
+        options: ServiceOptions | None = None,
+        local_services: Callable[[str], Sequence[Service]] | None = None,
+        balance: BalanceConfig | None = None,
+        address: str | None = None,
+        resources: RayConfig | None = None,
+        placement_timeout: float = 120.0,
+    ) -> None:
+        self._ray = import_ray()
+        for spec in specs:
+            with contextlib.suppress(ConfigError):
+                _with_host(spec.bind, "-")
+                continue
+            raise ConfigError(
+                f"{spec.name}.bind",
+                spec.bind,
+                "a tcp:// address (Ray runs each service in "
+                "its own process, maybe on another host: shm and inproc cannot reach it)",
+            )
+        super().__init__(
+            specs,
+            until=until,
+            timeout=timeout,
+            controller_bind=controller_bind,
+            progress=progress,
+            progress_interval=progress_interval,
+            grace=grace,
+            options=options,
+            local_services=local_services,
+            balance=balance,
+        )
+        self.address = address
+        self.resources = resources or RayConfig()
+        self.placement_timeout = placement_timeout
+        self.multi_host = False
+        self._started_ray = False
+        self._actor_class: Any = None
+
+    async def _open(self) -> None:
+        ray = self._ray
+        if not ray.is_initialized():
+            address = self.address or os.environ.get("RAY_ADDRESS") or None
+            self._started_ray = address is None
+            ray.init(address=address or "local", include_dashboard=False)
+        elif self.address:
+            log.warning("Ray is already initialized here; ray address %s not used", self.address)
+        node_ip = ray.util.get_node_ip_address()
+        hosts = {n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
+        self.multi_host = hosts != {node_ip}
+        if self.multi_host:  # reachable from the other hosts; see the module docstring
+            self.controller.bind = _with_host(self.controller.bind, node_ip)
+        self._check_capacity()
+        self._actor_class = ray.remote(ServiceActor)
+
+    def _check_capacity(self) -> None:
+        """Refuse a run whose reservations exceed the whole cluster (it could never start)."""
+        total = self._ray.cluster_resources()
+        for kind, index in (("CPU", 0), ("GPU", 1)):
+            wanted = sum(self.resources.resources(role_of(s))[index] for s in self.specs)
+            if wanted > total.get(kind, 0.0) + 1e-9:
+                key = f"ray.num_{kind.lower()}s"
+                raise ConfigError(
+                    key, wanted, f"at most the cluster's {total.get(kind, 0.0):g} {kind}s in all"
+                )
+
+    async def _spawn(self, spec: ServiceSpec) -> Handle:
+        cpus, gpus = self.resources.resources(role_of(spec))
+        if self.multi_host:
+            spec = dataclasses.replace(spec, bind=_with_host(spec.bind, "0.0.0.0"))
+        env = {k: os.environ[k] for k in _PASSED_ENV if os.environ.get(k)}
+        actor = self._actor_class.options(
+            name=f"tianji-{self.controller.run_id}-{spec.name}",
+            num_cpus=cpus,
+            num_gpus=gpus,
+            max_concurrency=2,  # run() holds one thread; stop() needs the other
+            max_restarts=0,
+            runtime_env={"env_vars": env},
+        ).remote()
+        log.info("started %s as a Ray actor (%g CPUs, %g GPUs)", spec.name, cpus, gpus)
+        return _RayActor(spec, actor, self._ray)
+
+    async def _started(self) -> None:
+        """Wait until Ray placed and started every actor; name the first it could not.
+
+        Raises:
+            ServiceFailed: naming a service not placed within ``placement_timeout``.
+        """
+        handles = [h for h in self.children.values() if isinstance(h, _RayActor)]
+        waits = [asyncio.wrap_future(h.actor.pid.remote().future()) for h in handles]
+        done, _ = await asyncio.wait(waits, timeout=self.placement_timeout)
+        for handle, fut in zip(handles, waits, strict=True):
+            if fut in done and fut.exception() is None:
+                handle.pid = fut.result()
+            elif fut not in done:
+                fut.cancel()
+                cpus, gpus = self.resources.resources(role_of(handle.spec))
+                raise ServiceFailed(
+                    handle.spec.name,
+                    f"not placed by Ray within {self.placement_timeout:g}s: it needs "
+                    f"{cpus:g} CPUs and {gpus:g} GPUs, Ray has {self._ray.available_resources()}",
+                )
+
+    async def _close(self) -> None:
+        for handle in self.children.values():
+            if isinstance(handle, _RayActor):
+                handle.kill()  # frees its worker process and its reservation
+        if self._started_ray:
+            self._ray.shutdown()
