@@ -173,8 +173,8 @@ class Launcher:
             TimeoutError: if ``timeout`` passed first.
         """
         started = time.monotonic()
-        await self._open()
         try:
+            await self._open()
             reason, codes = await self._run_controlled(started)
         finally:
             await self._close()

@@ -93,7 +93,9 @@ class ServiceActor:
     """The Ray actor that runs one service.
 
     It is threaded (created with ``max_concurrency=2``): :meth:`run` holds one thread for
-    the whole run, so :meth:`stop` is served by the other while it runs.
+    the whole run, so :meth:`stop` is served by the other while it runs. It must have no
+    ``async def`` method: Ray would make it an async actor, whose methods all share one
+    event loop thread that :meth:`run` would block.
     """
 
     def __init__(self) -> None:
@@ -113,29 +115,19 @@ class ServiceActor:
             level=os.environ.get("TIANJI_LOG_LEVEL", "WARNING"),
             format=f"%(asctime)s {spec.name} %(levelname)s %(name)s: %(message)s",
         )
-        codes: list[int] = []
-        # Ray's method threads may already run an event loop; the service gets its own thread.
-        thread = threading.Thread(target=lambda: codes.append(self._run(spec)), name=spec.name)
-        thread.start()
-        thread.join()
-        return codes[0] if codes else 1
-
-    def _run(self, spec: ServiceSpec) -> int:
         try:
-            return run(self._serve(build_service(_bind_on_node(spec))))
+            run(_serve(self, build_service(_bind_on_node(spec))))
         except Exception:
             log.exception("service %s failed", spec.name)
             return 1
-
-    async def _serve(self, service: Service) -> int:
-        with self._lock:
-            self._loop = asyncio.get_running_loop()
-            self._service = service
-            early = self._stop_reason
-        if early is not None:  # stop() came before the loop existed
-            service.stop(early)
-        await service.run()
         return 0
+
+    def attach(self, loop: asyncio.AbstractEventLoop, service: Service) -> str | None:
+        """Record where :meth:`stop` must reach the service; return a stop reason that came
+        before (or ``None``)."""
+        with self._lock:
+            self._loop, self._service = loop, service
+            return self._stop_reason
 
     def stop(self, reason: str) -> None:
         """Ask the service to drain and stop (thread-safe; idempotent)."""
@@ -146,6 +138,13 @@ class ServiceActor:
         if loop is not None and service is not None:
             with contextlib.suppress(RuntimeError):  # the loop is closed: it has stopped
                 loop.call_soon_threadsafe(service.stop, reason)
+
+
+async def _serve(actor: ServiceActor, service: Service) -> None:
+    early = actor.attach(asyncio.get_running_loop(), service)
+    if early is not None:
+        service.stop(early)
+    await service.run()
 
 
 def _bind_on_node(spec: ServiceSpec) -> ServiceSpec:
@@ -270,8 +269,8 @@ class RayLauncher(Launcher):
         ray = self._ray
         if not ray.is_initialized():
             address = self.address or os.environ.get("RAY_ADDRESS") or None
-            self._started_ray = address is None
             ray.init(address=address or "local", include_dashboard=False)
+            self._started_ray = address is None
         elif self.address:
             log.warning("Ray is already initialized here; ray address %s not used", self.address)
         node_ip = ray.util.get_node_ip_address()

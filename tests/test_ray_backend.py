@@ -1,0 +1,171 @@
+"""``--backend ray``: services run as Ray actors, reach a CartPole target, and a killed actor
+ends the run like a dead process. One local Ray instance (2 CPUs) serves the whole module."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from tianji.config import RayConfig, load_config
+from tianji.controller import Controller
+from tianji.demo import demo_specs
+from tianji.errors import ConfigError, ServiceFailed
+from tianji.launch.base import run_launcher
+from tianji.launch.ray import RayLauncher, role_of
+from tianji.launch.spec import ServiceSpec
+from tianji.training import build_specs, train
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+PPO = EXAMPLES / "cartpole_ppo.toml"
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[ModuleType]:
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+def _gone(pids: list[int], timeout: float) -> list[int]:
+    """The pids still alive (not zombies) after waiting up to ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+        alive = [p for p in alive if _running(p)]
+    return alive
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+# ---------------------------------------------------------------------- config, no Ray needed
+@pytest.mark.parametrize(
+    ("override", "key", "value"),
+    [
+        ("ray.num_cpus.learnr=1", "ray.num_cpus.learnr", 1),
+        ("ray.num_cpus.actor=-0.5", "ray.num_cpus.actor", -0.5),
+        ('ray.num_gpus.learner="one"', "ray.num_gpus.learner", "one"),
+        ('ray.address=" "', "ray.address", " "),
+    ],
+    ids=["unknown-role", "negative-cpus", "non-numeric-gpus", "blank-address"],
+)
+def test_a_bad_ray_section_names_the_key_and_value(override: str, key: str, value: object) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(PPO, [override])
+    assert (info.value.key, info.value.value) == (key, value)
+
+
+def test_the_default_reservations_fit_the_example_run_on_two_cpus() -> None:
+    specs = build_specs(load_config(PPO), {})  # params, buffer, learner, 2 actors
+    assert sum(RayConfig().resources(role_of(s))[0] for s in specs) <= 2
+    custom = RayConfig(num_cpus={"learner": 1})  # the other roles keep their defaults
+    assert custom.resources("learner") == (1.0, 0.0) and custom.resources("actor") == (0.5, 0.0)
+
+
+def test_without_ray_installed_the_error_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # makes `import ray` fail
+    with pytest.raises(ConfigError) as info:
+        train(load_config(PPO), backend="ray")
+    assert info.value.key == "backend" and 'pip install "tianji[ray]"' in str(info.value)
+
+
+@pytest.mark.parametrize("transport", ["shm", "inproc"])
+def test_ray_refuses_transports_that_cannot_cross_processes(transport: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        train(load_config(PPO, [f'transport="{transport}"']), backend="ray")
+    assert (info.value.key, info.value.value) == ("transport", transport)
+
+
+def test_an_unknown_backend_is_named() -> None:
+    with pytest.raises(ConfigError) as info:
+        train(load_config(PPO), backend="slurm")
+    assert (info.value.key, info.value.value) == ("backend", "slurm")
+
+
+# ---------------------------------------------------------------------- on a local Ray
+@pytest.mark.slow
+def test_ppo_reaches_150_on_cartpole_with_every_service_a_ray_actor(
+    local_ray: ModuleType, tmp_path: Path
+) -> None:
+    config = load_config(PPO, ["stop.target_return=150", "stop.max_seconds=150"])
+    summary = train(config, backend="ray", summary_path=str(tmp_path / "summary.json"))
+    assert summary["backend"] == "ray" and summary["transport"] == "tcp"
+    assert summary["time_to_target_s"] is not None, summary
+    assert summary["stop_reason"] == "target_return reached"
+    assert summary["learner_updates"] > 0 and summary["policy_lag"]["max"] <= 2
+    assert summary["accounting"]["balanced"], summary["accounting"]
+
+
+@pytest.mark.slow
+def test_a_killed_ray_actor_fails_the_run_and_leaves_no_actor_process(
+    local_ray: ModuleType,
+) -> None:
+    killed: list[str] = []
+
+    def kill_relay_once_all_registered(controller: Controller, elapsed: float) -> None:
+        if not killed and len(controller.registry) == 3:
+            local_ray.kill(launcher.children["relay-0"].actor)  # type: ignore[attr-defined]
+            killed.append("relay-0")
+
+    launcher = RayLauncher(
+        demo_specs(count=10**9, size=16),  # would run for hours
+        until=lambda c: False,
+        timeout=120,
+        grace=5,
+        progress=kill_relay_once_all_registered,
+        progress_interval=0.2,
+    )
+    with pytest.raises(ServiceFailed) as info:
+        run_launcher(launcher)
+    assert killed == ["relay-0"]
+    assert info.value.service == "relay-0"
+    assert "Ray actor died" in info.value.reason, info.value.reason
+    codes = {n: h.returncode for n, h in launcher.children.items()}
+    assert codes == {"consumer-0": 0, "relay-0": -9, "producer-0": 0}
+    pids = [h.pid for h in launcher.children.values()]  # type: ignore[attr-defined]
+    assert all(pids) and _gone(pids, 10.0) == []
+    assert os.getpid() not in pids
+
+
+@pytest.mark.slow
+def test_a_run_that_cannot_be_placed_is_refused_before_it_starts(local_ray: ModuleType) -> None:
+    launcher = RayLauncher(
+        [ServiceSpec(name="learner-0", factory="tianji.demo:Consumer")],
+        until=lambda c: False,
+        resources=RayConfig(num_gpus={"learner": 1}),  # the local Ray has no GPU
+    )
+    with pytest.raises(ConfigError) as info:
+        run_launcher(launcher)
+    assert (info.value.key, info.value.value) == ("ray.num_gpus", 1.0)
+
+
+@pytest.mark.slow
+def test_stop_reaches_a_service_actor_while_it_runs(local_ray: ModuleType) -> None:
+    # run() holds one actor thread for the whole run; stop() must get the other
+    # (an async method on the class would make Ray serve both on one blocked loop)
+    from tianji.launch.ray import ServiceActor
+
+    actor = local_ray.remote(ServiceActor).options(max_concurrency=2, num_cpus=0.1).remote()
+    spec = ServiceSpec(name="relay-0", factory="tianji.demo:Relay")  # no controller needed
+    done = actor.run.remote(spec.to_json())
+    assert local_ray.get(actor.pid.remote(), timeout=60) > 0
+    ready, _ = local_ray.wait([done], timeout=1.0)
+    assert ready == []  # still running
+    local_ray.get(actor.stop.remote("test"), timeout=30)
+    assert local_ray.get(done, timeout=30) == 0
+    local_ray.kill(actor)
