@@ -169,3 +169,14 @@ def test_stop_reaches_a_service_actor_while_it_runs(local_ray: ModuleType) -> No
     local_ray.get(actor.stop.remote("test"), timeout=30)
     assert local_ray.get(done, timeout=30) == 0
     local_ray.kill(actor)
+
+
+def test_ray_addresses_keep_the_port_and_refuse_what_cannot_cross_hosts() -> None:
+    from tianji.launch.ray import _with_host
+
+    pytest.importorskip("ray")  # RayLauncher needs it before it looks at the specs
+    assert _with_host("tcp://127.0.0.1:0", "0.0.0.0") == "tcp://0.0.0.0:0"
+    assert _with_host("tcp://127.0.0.1:5000", "10.0.0.7") == "tcp://10.0.0.7:5000"
+    with pytest.raises(ConfigError) as info:
+        RayLauncher([ServiceSpec(name="a-0", factory="m:f", bind="shm://")], until=bool)
+    assert (info.value.key, info.value.value) == ("a-0.bind", "shm://")
