@@ -164,7 +164,13 @@ class Subscribe(Event):
 
 @event
 class RegisterService(Event):
-    """Command the controller to register a service and the topics it publishes."""
+    """Command the controller to register a service and the topics it publishes.
+
+    ``local_address`` (optional) is a second listener for services of the same
+    ``locality`` (same host and network namespace), e.g. shared memory. ``run_digest``
+    (optional) identifies the service's run config; a controller with a digest of its own
+    refuses a service whose digest differs.
+    """
 
     name: str
     role: str
@@ -172,6 +178,9 @@ class RegisterService(Event):
     publishes: tuple[str, ...]
     host: str
     pid: int
+    local_address: str = ""
+    locality: str = ""
+    run_digest: str = ""
 
 
 @event

@@ -16,7 +16,7 @@ import os
 import secrets
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -26,6 +26,7 @@ from tianji.balance import balance_config
 from tianji.config import RunConfig, to_dict
 from tianji.controller import Controller, accounting, dropped_by_reason, lag_summary
 from tianji.core import BufferSpec
+from tianji.errors import ServiceFailed
 from tianji.events import EpisodesFinished
 from tianji.launch.local import LocalLauncher, run_local
 from tianji.launch.spec import ServiceSpec
@@ -33,7 +34,7 @@ from tianji.service import Service
 from tianji.services import EPISODES
 from tianji.services.common import make_algorithm
 
-__all__ = ["TrainMonitor", "build_specs", "train"]
+__all__ = ["RunPlan", "TrainMonitor", "build_specs", "train"]
 
 
 class TrainMonitor(Service):
@@ -54,6 +55,11 @@ class TrainMonitor(Service):
         self.stopped: tuple[float, int] | None = None  # (seconds, env steps) at the stop
         self.steps_to_target: int | None = None
         self.subscribe(EPISODES, self.on_episodes)
+
+    def restart_clock(self) -> None:
+        """Count the run's time from now (a deployment by hand starts its clock once every
+        service has joined, not while the services are still being started)."""
+        self.started = time.monotonic()
 
     @property
     def env_steps(self) -> int:
@@ -155,6 +161,87 @@ def build_specs(config: RunConfig, buffer_spec: dict[str, Any]) -> list[ServiceS
     return specs
 
 
+@dataclasses.dataclass(slots=True)
+class RunPlan:
+    """A validated run: its services, balance settings and the watching of it.
+
+    ``train`` launches the services itself; ``tianji controller`` waits for them to be
+    started by hand (``tianji serve``) on other hosts. Both watch the run the same way.
+    """
+
+    config: RunConfig
+    specs: list[ServiceSpec]
+    balance: Any
+    on_policy: bool
+    out: TextIO
+    metrics_path: str | None = None
+    monitor: TrainMonitor | None = None
+    _metrics_file: TextIO | None = None
+
+    @classmethod
+    def build(
+        cls, config: RunConfig, out: TextIO = sys.stdout, metrics_path: str | None = None
+    ) -> RunPlan:
+        """Validate everything (keys, algorithm, env id, spaces, mode) and plan the run.
+
+        Raises:
+            ConfigError: for any bad setting, before any process starts.
+        """
+        algo = make_algorithm(config, seed=config.seed, device="cpu")  # validates everything
+        spec: BufferSpec = algo.buffer_spec()
+        del algo
+        fragment_samples = config.actors.fragment_length * config.actors.envs_per_actor
+        balance = balance_config(config, spec, fragment_samples)  # validates the mode
+        specs = build_specs(config, dataclasses.asdict(spec))
+        return cls(config, specs, balance, spec.kind == "rollout", out, metrics_path)
+
+    def local_services(self, bind: str, advertise: str = "") -> Callable[[str], list[Service]]:
+        """The launcher's ``local_services``: the run's monitor, bound at ``bind``."""
+
+        def make(controller_address: str) -> list[Service]:
+            self.monitor = TrainMonitor(
+                "monitor",
+                stop=self.config.stop,
+                bind=bind,
+                controller=controller_address,
+                advertise=advertise or None,
+            )
+            return [self.monitor]
+
+        return make
+
+    def until(self, controller: Controller) -> bool:
+        """The run is done (target, step or time budget): the launcher's ``until``."""
+        return self.monitor is not None and self.monitor.done() is not None
+
+    def progress(self, controller: Controller, elapsed: float) -> None:
+        """Print a progress line; append a metrics row when asked to."""
+        if self.monitor is None:
+            return
+        print(progress_line(controller, self.monitor, elapsed), file=self.out, flush=True)
+        if self.metrics_path is not None:
+            if self._metrics_file is None:
+                self._metrics_file = open(self.metrics_path, "w")  # noqa: SIM115
+            row = metrics_row(controller, self.monitor, elapsed, self.on_policy)
+            self._metrics_file.write(json.dumps(row) + "\n")
+            self._metrics_file.flush()
+
+    def finish(
+        self, controller: Controller, reason: str, wall: float, summary_path: str | None
+    ) -> dict[str, Any]:
+        """Close the metrics file; build (and write) the summary."""
+        if self._metrics_file is not None:
+            self._metrics_file.close()
+            self._metrics_file = None
+        if self.monitor is None:
+            raise ServiceFailed("monitor", f"the run ended before it started ({reason})")
+        summary = summarize(self.config, controller, self.monitor, wall, self.on_policy)
+        summary["stop_reason"] = self.monitor.done() or reason
+        if summary_path:
+            Path(summary_path).write_text(json.dumps(summary, indent=2) + "\n")
+        return summary
+
+
 def train(
     config: RunConfig,
     *,
@@ -174,57 +261,28 @@ def train(
         ConfigError: before any process starts, for any bad setting.
         ServiceFailed: if a service process fails.
     """
-    algo = make_algorithm(config, seed=config.seed, device="cpu")  # validates everything
-    spec: BufferSpec = algo.buffer_spec()
-    del algo
-    fragment_samples = config.actors.fragment_length * config.actors.envs_per_actor
-    balance = balance_config(config, spec, fragment_samples)  # validates the mode
-    specs = build_specs(config, dataclasses.asdict(spec))
-    on_policy = spec.kind == "rollout"
-    metrics_file = open(metrics_path, "w") if metrics_path else None  # noqa: SIM115
+    plan = RunPlan.build(config, out, metrics_path)
     control_bind = _binds(config.transport)[1]
-    monitor_box: list[TrainMonitor] = []
-
-    def local(controller_address: str) -> list[Service]:
-        monitor = TrainMonitor(
-            "monitor", stop=config.stop, bind=control_bind, controller=controller_address
-        )
-        monitor_box.append(monitor)
-        return [monitor]
-
-    def until(controller: Controller) -> bool:
-        return bool(monitor_box) and monitor_box[0].done() is not None
-
-    def progress(controller: Controller, elapsed: float) -> None:
-        print(progress_line(controller, monitor_box[0], elapsed), file=out, flush=True)
-        if metrics_file is not None:
-            row = metrics_row(controller, monitor_box[0], elapsed, on_policy)
-            metrics_file.write(json.dumps(row) + "\n")
-            metrics_file.flush()
-
     launcher = LocalLauncher(
-        specs,
-        until=until,
+        plan.specs,
+        until=plan.until,
         in_process=config.transport == "inproc",
         controller_bind=control_bind,
-        local_services=local,
-        progress=progress,
+        local_services=plan.local_services(control_bind),
+        progress=plan.progress,
         progress_interval=2.0,
-        balance=balance,
+        balance=plan.balance,
     )
     started = time.monotonic()
+    reason = "failed"
     try:
         with run_token():
-            result = run_local(launcher)
+            reason = run_local(launcher).reason
     finally:
-        if metrics_file is not None:
-            metrics_file.close()
-    wall = time.monotonic() - started
-    summary = summarize(config, launcher.controller, monitor_box[0], wall, on_policy)
-    summary["stop_reason"] = monitor_box[0].done() or result.reason
-    if summary_path:
-        Path(summary_path).write_text(json.dumps(summary, indent=2) + "\n")
-    return summary
+        wall = time.monotonic() - started
+        if reason == "failed" and plan._metrics_file is not None:
+            plan._metrics_file.close()
+    return plan.finish(launcher.controller, reason, wall, summary_path)
 
 
 @contextlib.contextmanager
@@ -281,7 +339,9 @@ def metrics_row(
     learner = controller.heartbeats.get("learner-0")
     return {
         "t": round(elapsed, 3),
+        "unix": round(time.time(), 3),
         "env_steps": monitor.env_steps,
+        "env_steps_by_actor": dict(sorted(monitor.env_steps_by_actor.items())),
         "episodes": monitor.episodes,
         "mean_return": monitor.mean_return(),
         "learner_updates": learner.counters.get("learner_updates", 0) if learner else 0,
@@ -313,6 +373,7 @@ def summarize(
         "envs_per_actor": config.actors.envs_per_actor,
         "transport": config.transport,
         "env_steps": env_steps,
+        "env_steps_by_actor": dict(sorted(monitor.env_steps_by_actor.items())),
         "episodes": monitor.episodes,
         "learner_updates": counters.get("learner_updates", 0),
         "wall_s": round(wall, 3),
@@ -353,6 +414,22 @@ SHORTCUTS = {
 def add_train_parser(sub: Any) -> None:
     """Add ``tianji train`` to the CLI's subparsers."""
     p = sub.add_parser("train", help="train an algorithm from a TOML run config")
+    add_run_options(p)
+    p.add_argument(
+        "--transport", choices=["inproc", "tcp", "shm"], help="inproc: all services in one process"
+    )
+    p.add_argument(
+        "--token-file",
+        metavar="PATH",
+        help="the run's secret token (default: TIANJI_TOKEN, else a fresh one per run)",
+    )
+    p.set_defaults(func=_cmd_train)
+
+
+def add_run_options(p: Any, *, run: bool = True) -> None:
+    """The config argument and ``--set`` (and with ``run``, the options of a whole run:
+    shortcuts, stop conditions, ``--summary``, ``--metrics``) shared by ``tianji train``,
+    ``tianji controller`` and ``tianji serve``."""
     p.add_argument("config", help="run config (TOML), e.g. examples/cartpole_ppo.toml")
     p.add_argument(
         "--set",
@@ -364,10 +441,14 @@ def add_train_parser(sub: Any) -> None:
     p.add_argument("--env", help="env id (env.id)")
     p.add_argument("--actors", type=int, help="actor processes (actors.count)")
     p.add_argument("--envs-per-actor", type=int, help="envs per actor")
-    p.add_argument(
-        "--transport", choices=["inproc", "tcp", "shm"], help="inproc: all services in one process"
-    )
     p.add_argument("--seed", type=int)
+    p.add_argument(
+        "--mode",
+        choices=["relaxed", "sync", "unbalanced"],
+        help="controller.mode: relaxed (default), sync (baseline) or unbalanced (no limits)",
+    )
+    if not run:
+        return
     p.add_argument("--max-env-steps", type=int)
     p.add_argument("--max-seconds", type=float)
     p.add_argument(
@@ -375,32 +456,26 @@ def add_train_parser(sub: Any) -> None:
         type=float,
         help="stop when the mean return of the last 20 episodes reaches this",
     )
-    p.add_argument(
-        "--mode",
-        choices=["relaxed", "sync", "unbalanced"],
-        help="controller.mode: relaxed (default), sync (baseline) or unbalanced (no limits)",
-    )
     p.add_argument("--summary", metavar="PATH", help="write the summary JSON here")
-    p.add_argument(
-        "--token-file",
-        metavar="PATH",
-        help="the run's secret token (default: TIANJI_TOKEN, else a fresh one per run)",
-    )
     p.add_argument(
         "--metrics", metavar="PATH", help="write one JSON line of metrics every 2 s here"
     )
-    p.set_defaults(func=_cmd_train)
 
 
-def _cmd_train(args: Any) -> int:
+def config_from_args(args: Any) -> RunConfig:
+    """The run config from ``add_run_options`` arguments (shortcuts become ``--set``)."""
     from tianji.config import load_config
 
     overrides = list(args.set)
     for attr, key in SHORTCUTS.items():
-        value = getattr(args, attr)
+        value = getattr(args, attr, None)
         if value is not None:
             overrides.append(f"{key}={json.dumps(value)}")
-    config = load_config(args.config, overrides)
+    return load_config(args.config, overrides)
+
+
+def _cmd_train(args: Any) -> int:
+    config = config_from_args(args)
     if args.token_file:
         from tianji.transports._auth import load_token
 
