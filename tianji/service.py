@@ -146,6 +146,7 @@ class Service:
         self.local_bind = local_bind
         self.local_address = ""
         self.run_digest = ""  # the run config's digest, checked by the controller if set
+        self.locality = locality()  # services of one locality can share memory
         self.controller_address = controller
         self.options = options or ServiceOptions()
         self.address = ""
@@ -624,7 +625,7 @@ class Service:
             host=socket.gethostname(),
             pid=os.getpid(),
             local_address=self.local_address,
-            locality=locality(),
+            locality=self.locality,
             run_digest=self.run_digest,
         )
 
