@@ -71,6 +71,30 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def _add_security_options(p: Any) -> None:
+    p.add_argument("--token-file", metavar="PATH", help="the run's token (else TIANJI_TOKEN)")
+    p.add_argument("--tls-cert", metavar="PEM", help="this host's certificate (mutual TLS)")
+    p.add_argument("--tls-key", metavar="PEM", help="its private key")
+    p.add_argument("--tls-ca", metavar="PEM", help="the run's CA certificate")
+
+
+def apply_security_options(args: Any) -> None:
+    """Token and TLS files from the command line into the environment the transports
+    read (``TIANJI_TOKEN``, ``TIANJI_TLS_*``), checked now.
+
+    Raises:
+        ConfigError: for an unreadable token file, a partial TLS setting or a missing file.
+    """
+    from tianji.transports._tls import ENV, tls_from_env
+
+    for key, var in ENV.items():
+        value = getattr(args, f"tls_{key}", None)
+        if value:
+            os.environ[var] = value
+    tls_from_env()
+    require_token(args.bind, args.token_file)
+
+
 def require_token(bind: str, token_file: str | None) -> None:
     """Load ``--token-file`` into ``TIANJI_TOKEN``; refuse to listen beyond loopback
     without a token.
@@ -213,7 +237,7 @@ def add_deploy_parsers(sub: Any) -> None:
     p.add_argument("--advertise", metavar="HOST", help="the host services use to reach us")
     p.add_argument("--join-timeout", type=float, help="fail if not all joined by then (s)")
     p.add_argument("--rejoin-timeout", type=float, default=30.0, help="(s, default 30)")
-    p.add_argument("--token-file", metavar="PATH", help="the run's token (else TIANJI_TOKEN)")
+    _add_security_options(p)
     p.set_defaults(func=_cmd_controller)
 
     p = sub.add_parser("serve", help="run one service of a run deployed by hand")
@@ -229,12 +253,12 @@ def add_deploy_parsers(sub: Any) -> None:
         default="auto",
         help="between services of one host: shared memory where available (auto) or tcp",
     )
-    p.add_argument("--token-file", metavar="PATH", help="the run's token (else TIANJI_TOKEN)")
+    _add_security_options(p)
     p.set_defaults(func=_cmd_serve)
 
 
 def _cmd_controller(args: Any) -> int:
-    require_token(args.bind, args.token_file)
+    apply_security_options(args)
     summary = run_controller(
         config_from_args(args),
         bind=args.bind,
@@ -249,7 +273,7 @@ def _cmd_controller(args: Any) -> int:
 
 
 def _cmd_serve(args: Any) -> int:
-    require_token(args.bind, args.token_file)
+    apply_security_options(args)
     config = config_from_args(args)
     spec = serve_spec(
         config,
