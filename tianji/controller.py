@@ -98,6 +98,7 @@ class Controller(Service):
         self.balancer = Balancer(balance, self._command) if balance is not None else None
         self.run_id = run_id or uuid.uuid4().hex[:12]
         self.run_digest = ""  # when set, services registering another digest are refused
+        self._balance_wanted = asyncio.Event()
         self.registry: dict[str, ServiceRecord] = {}
         self.reports: dict[str, ServiceReported] = {}
         self.heartbeats: dict[str, Heartbeat] = {}  # latest per service, kept after it leaves
@@ -155,6 +156,22 @@ class Controller(Service):
         """Tell every registered service to drain and stop."""
         return await self.broadcast(Shutdown(reason=reason))
 
+    async def main(self) -> None:
+        if self.balancer is None:
+            await super().main()
+            return
+        await self._balance_loop(self.balancer)
+
+    async def _balance_loop(self, balancer: Balancer) -> None:
+        """Balance decisions, one at a time, on the latest heartbeats: heartbeats arrive on
+        many connections at once, and two interleaved decisions could send commands out of
+        order (a pause after the resume that superseded it)."""
+        while True:
+            await self._balance_wanted.wait()
+            self._balance_wanted.clear()
+            await balancer.update(self.heartbeats, self.registry)
+            self.gauges.update(balancer.gauges())  # in the controller's heartbeat
+
     # ------------------------------------------------------------------ requests
     async def on_request(self, ev: Event, conn: Connection) -> None:
         if isinstance(ev, RegisterService):
@@ -173,8 +190,7 @@ class Controller(Service):
                 record.last_heartbeat = ev
                 record.last_seen = time.monotonic()
                 if self.balancer is not None and ev.role in Balancer.ROLES:
-                    await self.balancer.update(self.heartbeats, self.registry)
-                    self.gauges.update(self.balancer.gauges())  # in the controller's heartbeat
+                    self._balance_wanted.set()  # decided by _balance_loop, one at a time
                 self._notify()
         elif isinstance(ev, ServiceReported):
             self.reports[ev.name] = ev
