@@ -34,7 +34,8 @@ log = logging.getLogger(__name__)
 _LARGE = 16 << 10  # frames this big are written as memoryviews, not copied into the cork
 _CORK_LIMIT = 256 << 10  # corked bytes are flushed at once beyond this
 CLOSE_TIMEOUT = 10.0  # how long aclose waits for the peer to read everything and close
-HANDSHAKE_TIMEOUT = 10.0  # a peer that has not proved the token by then is dropped
+HANDSHAKE_TIMEOUT = 30.0  # a peer that has not proved the token by then is dropped (generous: a
+# starting process on a loaded machine can take seconds to answer)
 
 
 def parse_tcp_address(address: str) -> tuple[str, int]:
