@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,6 +32,8 @@ from tianji.services.learner import LearnerService
 from tianji.testing import run_async
 
 BIND = "inproc://"
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
 
 
 def run_config(algorithm: str, algo: dict[str, Any], **learner: Any) -> dict[str, Any]:
@@ -316,3 +322,24 @@ def test_the_mean_is_summed_in_learner_order_and_late_or_duplicate_steps_are_cou
     ar = run_async(main())
     assert ar.step == 1
     assert ar.counters["allreduce/duplicate"] == 1 and ar.counters["allreduce/late"] == 1
+
+
+@pytest.mark.slow
+def test_two_learner_processes_train_cartpole_ppo_to_a_modest_target(tmp_path: Path) -> None:
+    path = tmp_path / "summary.json"
+    config = str(EXAMPLES / "cartpole_ppo.toml")
+    args = ["--set", "learner.count=2", "--target-return", "200", "--max-seconds", "150"]
+    result = subprocess.run(
+        [sys.executable, "-m", "tianji.cli", "train", config, *args, "--summary", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    s = json.loads(path.read_text())
+    assert s["learners"] == 2 and s["time_to_target_s"] is not None, s
+    assert s["accounting"]["balanced"], s["accounting"]
+    # Both learners consumed: every update takes one batch (2 fragments of 256) from each
+    # (the last heartbeats may be one update apart).
+    assert s["samples_consumed"] >= (s["learner_updates"] - 1) * 2 * 512
