@@ -120,7 +120,7 @@ class LearnerService(Service):
         loop = asyncio.get_running_loop()
         bound = self.config.learner.sync_timeout + 10.0
 
-        def sync(flat: Any) -> Any:
+        def sync(flat: np.ndarray) -> np.ndarray:
             digest = weights_digest(self.algo.get_weights()) if allreduce.wants_digest() else ""
             future = asyncio.run_coroutine_threadsafe(allreduce.reduce(flat, digest), loop)
             try:
