@@ -103,11 +103,19 @@ class LearnerConfig:
     """Publish weights every this many updates."""
     max_policy_lag: int = 4
     """On-policy: samples older than this many policy versions are dropped (reason stale)."""
+    count: int = 1
+    """Data-parallel learners (K): each samples its own batches, they average gradients every
+    optimizer step and so hold identical weights; learner-0 publishes them."""
+    sync_timeout: float = 60.0
+    """Seconds a learner waits at a gradient all-reduce step for its peers (K > 1) before it
+    fails naming the peer that did not answer."""
 
     def __post_init__(self) -> None:
-        _positive("learner", self, ("torch_threads", "prefetch", "publish_interval"))
+        _positive("learner", self, ("torch_threads", "prefetch", "publish_interval", "count"))
         if self.max_policy_lag < 0:
             raise ConfigError("learner.max_policy_lag", self.max_policy_lag, "an int >= 0")
+        if not self.sync_timeout > 0:
+            raise ConfigError("learner.sync_timeout", self.sync_timeout, "a number of seconds > 0")
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

@@ -284,7 +284,8 @@ class Balancer:
     In ``sync`` mode each actor enforces one fragment per policy version itself (a round
     trip through the controller would only add latency to the baseline), so the policy's
     ``paused`` set is reported, not sent; the learner's grant is sent in every mode but
-    ``unbalanced``.
+    ``unbalanced``. With K data-parallel learners the policy's limit is for all of them
+    and each learner is granted ``limit // K`` (they consume equal batches in lockstep).
 
     Args:
         config: the balance settings.
@@ -356,7 +357,8 @@ class Balancer:
         self.paused &= set(live)
         if self.config.mode == "unbalanced" or decision.consume_limit is None:
             return
-        limit = decision.consume_limit
+        # Data-parallel learners step together on equal batches: each gets an equal share.
+        limit = decision.consume_limit // self.config.learners
         learners = [n for n, hb in heartbeats.items() if hb.role == "learner" and n in live]
         for name in learners:
             if self.grants.get(name) != limit:

@@ -30,6 +30,7 @@ __all__ = [
     "EpisodesFinished",
     "Event",
     "EventInfo",
+    "GradientsShared",
     "Heartbeat",
     "PauseProduction",
     "PrioritiesUpdated",
@@ -349,3 +350,19 @@ class PrioritiesUpdated(Event):
     policy_version: int
     indices: np.ndarray
     priorities: np.ndarray
+
+
+@event
+class GradientsShared(Event):
+    """Fact: data-parallel learner ``learner`` (``index`` of K) computed its flat float32
+    gradient ``grads`` for all-reduce step ``step`` (steps count optimizer steps from 0).
+
+    ``digest`` is a hash of its weights before the step (checked by the peers), or ``""``
+    on steps where it is not checked.
+    """
+
+    learner: str
+    index: int
+    step: int
+    grads: np.ndarray
+    digest: str

@@ -233,6 +233,10 @@ class Service:
             conn.send_nowait(frames)
         return len(conns)
 
+    def subscriber_count(self, topic_or_type: str | type[Event]) -> int:
+        """Subscribers connected for the topic now (an event published now reaches them)."""
+        return len(self._subscribers.get(_topic_name(topic_or_type), ()))
+
     async def wait_subscribers(self, topic_or_type: str | type[Event], count: int = 1) -> None:
         """Wait until at least ``count`` subscribers are connected for the topic."""
         name = _topic_name(topic_or_type)

@@ -27,11 +27,11 @@ from tianji.config import RunConfig, to_dict
 from tianji.controller import Controller, accounting, dropped_by_reason, lag_summary
 from tianji.core import BufferSpec
 from tianji.errors import ServiceFailed
-from tianji.events import EpisodesFinished
+from tianji.events import EpisodesFinished, Heartbeat
 from tianji.launch.local import LocalLauncher, run_local
 from tianji.launch.spec import ServiceSpec
 from tianji.service import Service
-from tianji.services import EPISODES
+from tianji.services import EPISODES, learner_name
 from tianji.services.common import make_algorithm
 
 __all__ = ["RunPlan", "TrainMonitor", "build_specs", "train"]
@@ -103,12 +103,13 @@ class TrainMonitor(Service):
             return "max_seconds reached"
         return None
 
-    def running_rate(self) -> float:
-        """Env steps per second from the first fragment to the stop decision (not counting
-        process start-up and shutdown)."""
+    def running_rate(self, count: int | None = None) -> float:
+        """Env steps (or ``count``, e.g. learner updates) per second from the first fragment
+        to the stop decision (not counting process start-up and shutdown)."""
         if self.first_data is None:
             return 0.0
         length, steps = self.stopped or (time.monotonic() - self.started, self.env_steps)
+        steps = steps if count is None else count
         return steps / (length - self.first_data) if length > self.first_data else 0.0
 
 
@@ -122,7 +123,7 @@ def _binds(transport: str) -> tuple[str, str]:
 
 
 def build_specs(config: RunConfig, buffer_spec: dict[str, Any]) -> list[ServiceSpec]:
-    """One spec per service: params, buffer, learner, actors."""
+    """One spec per service: params, buffer, learners (``learner.count``), actors."""
     bind = _binds(config.transport)[0]
     data = to_dict(config)
     specs = [
@@ -133,13 +134,16 @@ def build_specs(config: RunConfig, buffer_spec: dict[str, Any]) -> list[ServiceS
             options={"config": data, "buffer_spec": buffer_spec},
             bind=bind,
         ),
-        ServiceSpec(
-            name="learner-0",
-            factory="tianji.services.learner:LearnerService",
-            options={"config": data},
-            bind=bind,
-        ),
     ]
+    for j in range(config.learner.count):
+        specs.append(
+            ServiceSpec(
+                name=learner_name(j),
+                factory="tianji.services.learner:LearnerService",
+                options={"config": data, "index": j},
+                bind=bind,
+            )
+        )
     if config.actors.inference == "service":
         specs.append(
             ServiceSpec(
@@ -309,12 +313,30 @@ def _sum(controller: Controller, role_prefix: str, key: str) -> int:
     )
 
 
+def _learners(controller: Controller) -> list[Heartbeat]:
+    """The latest heartbeats of the run's learners, by name."""
+    beats = controller.heartbeats
+    return [beats[n] for n in sorted(beats) if beats[n].role == "learner"]
+
+
+def learner_totals(controller: Controller) -> dict[str, Any]:
+    """Updates (data-parallel learners step together: the most any learner made), samples
+    consumed (the sum), mean policy lag and the first learner's gauges."""
+    beats = _learners(controller)
+    lags = [hb.gauges.get("policy_lag_mean", 0.0) for hb in beats]
+    return {
+        "updates": max((hb.counters.get("learner_updates", 0) for hb in beats), default=0),
+        "consumed": sum(hb.counters.get("samples_consumed", 0) for hb in beats),
+        "lag": sum(lags) / len(lags) if lags else 0.0,
+        "gauges": dict(beats[0].gauges) if beats else {},
+    }
+
+
 def progress_line(controller: Controller, monitor: TrainMonitor, elapsed: float) -> str:
     """One human-readable progress line."""
     mean = monitor.mean_return()
-    learner = controller.heartbeats.get("learner-0")
-    updates = learner.counters.get("learner_updates", 0) if learner else 0
-    lag = learner.gauges.get("policy_lag_mean", 0.0) if learner else 0.0
+    totals = learner_totals(controller)
+    updates, lag = totals["updates"], totals["lag"]
     buffer = controller.heartbeats.get("buffer-0")
     size = buffer.gauges.get("size", 0.0) if buffer else 0.0
     steps = monitor.env_steps
@@ -336,7 +358,7 @@ def metrics_row(
     controller: Controller, monitor: TrainMonitor, elapsed: float, on_policy: bool
 ) -> dict[str, Any]:
     """One row of the run's metrics file (JSON lines)."""
-    learner = controller.heartbeats.get("learner-0")
+    totals = learner_totals(controller)
     return {
         "t": round(elapsed, 3),
         "unix": round(time.time(), 3),
@@ -344,8 +366,9 @@ def metrics_row(
         "env_steps_by_actor": dict(sorted(monitor.env_steps_by_actor.items())),
         "episodes": monitor.episodes,
         "mean_return": monitor.mean_return(),
-        "learner_updates": learner.counters.get("learner_updates", 0) if learner else 0,
-        "learner": dict(learner.gauges) if learner else {},
+        "learner_updates": totals["updates"],
+        "samples_consumed": totals["consumed"],
+        "learner": totals["gauges"],
         "controller": (
             controller.balancer.metrics(controller.heartbeats) if controller.balancer else None
         ),
@@ -361,8 +384,7 @@ def summarize(
     on_policy: bool = False,
 ) -> dict[str, Any]:
     """The summary JSON of a finished run (see the README for its keys)."""
-    learner = controller.heartbeats.get("learner-0")
-    counters = learner.counters if learner else {}
+    totals = learner_totals(controller)
     env_steps = monitor.env_steps
     return {
         "algorithm": config.algorithm,
@@ -375,13 +397,15 @@ def summarize(
         "env_steps": env_steps,
         "env_steps_by_actor": dict(sorted(monitor.env_steps_by_actor.items())),
         "episodes": monitor.episodes,
-        "learner_updates": counters.get("learner_updates", 0),
+        "learners": config.learner.count,
+        "learner_updates": totals["updates"],
         "wall_s": round(wall, 3),
         "env_steps_per_s": round(env_steps / wall, 1) if wall > 0 else 0.0,
         "startup_s": round(monitor.first_data, 3) if monitor.first_data is not None else None,
         "env_steps_per_s_running": round(monitor.running_rate(), 1),
+        "learner_updates_per_s_running": round(monitor.running_rate(totals["updates"]), 2),
         "samples_produced": _sum(controller, "actor-", "samples_produced"),
-        "samples_consumed": counters.get("samples_consumed", 0),
+        "samples_consumed": totals["consumed"],
         "samples_dropped": dropped_by_reason(controller.heartbeats),
         "final_return": monitor.mean_return(),
         "target_return": config.stop.target_return,
@@ -408,6 +432,7 @@ SHORTCUTS = {
     "max_seconds": "stop.max_seconds",
     "target_return": "stop.target_return",
     "mode": "controller.mode",
+    "learners": "learner.count",
 }
 
 
@@ -447,6 +472,7 @@ def add_run_options(p: Any, *, run: bool = True) -> None:
         choices=["relaxed", "sync", "unbalanced"],
         help="controller.mode: relaxed (default), sync (baseline) or unbalanced (no limits)",
     )
+    p.add_argument("--learners", type=int, help="data-parallel learners (learner.count)")
     if not run:
         return
     p.add_argument("--max-env-steps", type=int)
@@ -482,7 +508,8 @@ def _cmd_train(args: Any) -> int:
         os.environ["TIANJI_TOKEN"] = load_token(args.token_file)
     print(
         f"tianji train: {config.algorithm} on {config.env.id}, {config.actors.count} actors x "
-        f"{config.actors.envs_per_actor} envs, transport {config.transport}, seed {config.seed}, "
+        f"{config.actors.envs_per_actor} envs, {config.learner.count} learner(s), "
+        f"transport {config.transport}, seed {config.seed}, "
         f"controller {config.controller.mode}",
         flush=True,
     )

@@ -11,6 +11,7 @@ from tianji.events import (
     ActionsComputed,
     BatchRequested,
     EpisodesFinished,
+    GradientsShared,
     ObservationsReady,
     ParamsPublished,
     PrioritiesUpdated,
@@ -22,7 +23,9 @@ from tianji.events import (
 __all__ = [
     "OBSERVATIONS",
     "actions_topic",
-    "BATCHES",
+    "batches_topic",
+    "gradients_topic",
+    "learner_name",
     "EPISODES",
     "LATEST_PARAMS",
     "LEARNER_PARAMS",
@@ -41,8 +44,6 @@ LATEST_PARAMS = topic(ParamsPublished, "latest")
 """Params service -> actors: the latest weights, sent at once to every new subscriber."""
 REQUESTS = topic(BatchRequested)
 """Learner -> buffer: credit for more sample batches."""
-BATCHES = topic(SampleBatch)
-"""Buffer -> learner: sample batches."""
 PRIORITIES = topic(PrioritiesUpdated)
 """Learner -> buffer: new priorities for prioritized replay."""
 OBSERVATIONS = topic(ObservationsReady)
@@ -52,3 +53,18 @@ OBSERVATIONS = topic(ObservationsReady)
 def actions_topic(actor: str) -> str:
     """Inference service -> one actor: the actions for its requests."""
     return topic(ActionsComputed, actor)
+
+
+def batches_topic(learner: str) -> str:
+    """Buffer -> one learner: the sample batches it asked for."""
+    return topic(SampleBatch, learner)
+
+
+def gradients_topic(learner: str) -> str:
+    """One data-parallel learner -> its peers: its gradient of every all-reduce step."""
+    return topic(GradientsShared, learner)
+
+
+def learner_name(index: int) -> str:
+    """The service name of data-parallel learner ``index`` (``learner-0`` publishes weights)."""
+    return f"learner-{index}"
