@@ -296,7 +296,7 @@ def balance_config(run: RunConfig, spec: BufferSpec, fragment_samples: int) -> B
         on_policy=on_policy,
         replay_ratio=ctl.replay_ratio,
         tolerance=ctl.tolerance,
-        min_replay_size=0 if on_policy else spec.min_size,
+        min_replay_size=0 if on_policy else _min_replay_total(run, spec.min_size),
         max_policy_lag=run.learner.max_policy_lag,
         lag_target=ctl.lag_target,
         batch_samples=batch,
@@ -320,6 +320,14 @@ def balance_config(run: RunConfig, spec: BufferSpec, fragment_samples: int) -> B
             f"batch size {batch}, or a round of fragments never allows an update",
         )
     return cfg
+
+
+def _min_replay_total(run: RunConfig, min_size: int) -> int:
+    """Samples inserted over all buffer shards before every shard holds ``min_size``: the
+    shards' actors split unevenly when ``actors.count % shards != 0``."""
+    shards, actors = run.buffer.shards, run.actors.count
+    most, fewest = -(-actors // shards), actors // shards
+    return -(-min_size * shards * most // fewest)
 
 
 class LagStats:

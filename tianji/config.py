@@ -119,6 +119,20 @@ class LearnerConfig:
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class BufferConfig:
+    """``[buffer]``: the replay / rollout buffer services."""
+
+    shards: int = 1
+    """Buffer services ``buffer-0..S-1``. Actor i publishes to shard ``i % S``; learner j
+    samples from the shards ``s`` with ``s % K == j`` (S >= K) or from shard ``j % S``
+    (S < K). Each shard holds its own ``buffer_capacity`` and waits for its own
+    ``learning_starts`` samples."""
+
+    def __post_init__(self) -> None:
+        _positive("buffer", self, ("shards",))
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class StopConfig:
     """When a run ends (whichever comes first)."""
 
@@ -183,6 +197,7 @@ class RunConfig:
     env: EnvConfig = dataclasses.field(default_factory=EnvConfig)
     actors: ActorConfig = dataclasses.field(default_factory=ActorConfig)
     learner: LearnerConfig = dataclasses.field(default_factory=LearnerConfig)
+    buffer: BufferConfig = dataclasses.field(default_factory=BufferConfig)
     stop: StopConfig = dataclasses.field(default_factory=StopConfig)
     controller: ControllerConfig = dataclasses.field(default_factory=ControllerConfig)
     algo: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -191,6 +206,17 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.transport not in ("inproc", "tcp", "shm"):
             raise ConfigError("transport", self.transport, "one of inproc, tcp, shm")
+        shards = self.buffer.shards
+        if shards > self.actors.count:
+            raise ConfigError(
+                "buffer.shards",
+                shards,
+                f"at most actors.count={self.actors.count} (one actor each)",
+            )
+        if shards > 1 and self.controller.mode == "sync":
+            raise ConfigError(
+                "buffer.shards", shards, "1 with controller.mode = 'sync' (one round of all actors)"
+            )
 
 
 def _positive(section: str, obj: object, names: Sequence[str]) -> None:

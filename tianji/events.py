@@ -326,21 +326,26 @@ class BatchRequested(Event):
     one is made good by the next).
 
     ``learner_version`` lets the buffer drop samples older than ``max_policy_lag``.
+    ``buffer`` names the shard the credit is for (``""``: any buffer that serves
+    ``learner``); with several shards the count is per shard.
     """
 
     learner: str
     count: int
     learner_version: int
+    buffer: str = ""
 
 
 @event
 class SampleBatch(Event):
-    """Fact: a buffer handed out a batch; ``policy_versions`` are the samples' versions."""
+    """Fact: a buffer handed out a batch; ``policy_versions`` are the samples' versions;
+    ``buffer`` is the shard it came from (priorities for its slots go back there)."""
 
     batch_id: int
     policy_version: int
     arrays: dict[str, np.ndarray]
     policy_versions: np.ndarray
+    buffer: str = ""
 
 
 @event

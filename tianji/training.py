@@ -31,7 +31,7 @@ from tianji.events import EpisodesFinished, Heartbeat
 from tianji.launch.local import LocalLauncher, run_local
 from tianji.launch.spec import ServiceSpec
 from tianji.service import Service
-from tianji.services import EPISODES, learner_name
+from tianji.services import EPISODES, buffer_name, learner_name
 from tianji.services.common import make_algorithm
 
 __all__ = ["RunPlan", "TrainMonitor", "build_specs", "train"]
@@ -123,18 +123,22 @@ def _binds(transport: str) -> tuple[str, str]:
 
 
 def build_specs(config: RunConfig, buffer_spec: dict[str, Any]) -> list[ServiceSpec]:
-    """One spec per service: params, buffer, learners (``learner.count``), actors."""
+    """One spec per service: params, buffer shards (``buffer.shards``), learners
+    (``learner.count``), actors."""
     bind = _binds(config.transport)[0]
     data = to_dict(config)
     specs = [
-        ServiceSpec(name="params-0", factory="tianji.services.params:ParamsService", bind=bind),
-        ServiceSpec(
-            name="buffer-0",
-            factory="tianji.services.buffer:BufferService",
-            options={"config": data, "buffer_spec": buffer_spec},
-            bind=bind,
-        ),
+        ServiceSpec(name="params-0", factory="tianji.services.params:ParamsService", bind=bind)
     ]
+    for s in range(config.buffer.shards):
+        specs.append(
+            ServiceSpec(
+                name=buffer_name(s),
+                factory="tianji.services.buffer:BufferService",
+                options={"config": data, "buffer_spec": buffer_spec, "index": s},
+                bind=bind,
+            )
+        )
     for j in range(config.learner.count):
         specs.append(
             ServiceSpec(
@@ -313,10 +317,14 @@ def _sum(controller: Controller, role_prefix: str, key: str) -> int:
     )
 
 
-def _learners(controller: Controller) -> list[Heartbeat]:
-    """The latest heartbeats of the run's learners, by name."""
+def _role(controller: Controller, role: str) -> list[Heartbeat]:
+    """The latest heartbeats of the run's services of ``role``, by name."""
     beats = controller.heartbeats
-    return [beats[n] for n in sorted(beats) if beats[n].role == "learner"]
+    return [beats[n] for n in sorted(beats) if beats[n].role == role]
+
+
+def _learners(controller: Controller) -> list[Heartbeat]:
+    return _role(controller, "learner")
 
 
 def learner_totals(controller: Controller) -> dict[str, Any]:
@@ -337,8 +345,7 @@ def progress_line(controller: Controller, monitor: TrainMonitor, elapsed: float)
     mean = monitor.mean_return()
     totals = learner_totals(controller)
     updates, lag = totals["updates"], totals["lag"]
-    buffer = controller.heartbeats.get("buffer-0")
-    size = buffer.gauges.get("size", 0.0) if buffer else 0.0
+    size = sum(hb.gauges.get("size", 0.0) for hb in _role(controller, "buffer"))
     steps = monitor.env_steps
     rate = steps / elapsed if elapsed > 0 else 0.0
     ret = f"{mean:7.1f}" if mean is not None else "      -"
@@ -419,6 +426,13 @@ def summarize(
             controller.balancer.metrics(controller.heartbeats) if controller.balancer else None
         ),
         "accounting": accounting(controller.heartbeats, on_policy),
+        "services": {
+            name: {
+                "role": hb.role,
+                "counters": {k: v for k, v in hb.counters.items() if not k.startswith("lag/")},
+            }
+            for name, hb in sorted(controller.heartbeats.items())
+        },
     }
 
 

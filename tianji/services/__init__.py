@@ -24,6 +24,11 @@ __all__ = [
     "OBSERVATIONS",
     "actions_topic",
     "batches_topic",
+    "buffer_name",
+    "learners_of_shard",
+    "priorities_topic",
+    "shards_of_learner",
+    "trajectories_topic",
     "gradients_topic",
     "learner_name",
     "EPISODES",
@@ -68,3 +73,32 @@ def gradients_topic(learner: str) -> str:
 def learner_name(index: int) -> str:
     """The service name of data-parallel learner ``index`` (``learner-0`` publishes weights)."""
     return f"learner-{index}"
+
+
+def buffer_name(shard: int) -> str:
+    """The service name of buffer shard ``shard``."""
+    return f"buffer-{shard}"
+
+
+def trajectories_topic(shard: int, shards: int) -> str:
+    """Actors -> buffer shard: ``TRAJECTORIES`` itself when there is one shard."""
+    return TRAJECTORIES if shards == 1 else topic(TrajectoryCollected, buffer_name(shard))
+
+
+def priorities_topic(shard: int, shards: int) -> str:
+    """Learners -> buffer shard: new priorities for the slots that shard handed out."""
+    return PRIORITIES if shards == 1 else topic(PrioritiesUpdated, buffer_name(shard))
+
+
+def shards_of_learner(learner: int, learners: int, shards: int) -> list[int]:
+    """The buffer shards learner ``learner`` of ``learners`` samples from: every shard
+    ``s`` with ``s % learners == learner`` when there are at least as many shards as
+    learners, else shard ``learner % shards`` (shared with other learners)."""
+    if shards >= learners:
+        return [s for s in range(shards) if s % learners == learner]
+    return [learner % shards]
+
+
+def learners_of_shard(shard: int, learners: int, shards: int) -> list[int]:
+    """The learners shard ``shard`` serves (the inverse of :func:`shards_of_learner`)."""
+    return [j for j in range(learners) if shard in shards_of_learner(j, learners, shards)]

@@ -17,9 +17,18 @@ import numpy as np
 
 from tianji.buffers import RolloutBuffer, make_buffer
 from tianji.core import BufferSpec, Connection
+from tianji.errors import ConfigError
 from tianji.events import BatchRequested, PrioritiesUpdated, SampleBatch, TrajectoryCollected
 from tianji.service import Service
-from tianji.services import PRIORITIES, REQUESTS, TRAJECTORIES, batches_topic, learner_name
+from tianji.services import (
+    REQUESTS,
+    batches_topic,
+    buffer_name,
+    learner_name,
+    learners_of_shard,
+    priorities_topic,
+    trajectories_topic,
+)
 from tianji.services.common import apply_run_options, parse_run_config, transitions
 
 __all__ = ["BufferService"]
@@ -37,23 +46,36 @@ class BufferService(Service):
     role = "buffer"
 
     def __init__(
-        self, name: str, *, config: dict[str, Any], buffer_spec: dict[str, Any], **kwargs: Any
+        self,
+        name: str,
+        *,
+        config: dict[str, Any],
+        buffer_spec: dict[str, Any],
+        index: int = 0,
+        **kwargs: Any,
     ) -> None:
         run = parse_run_config(config)
-        learners = [batches_topic(learner_name(j)) for j in range(run.learner.count)]
-        super().__init__(name, publishes=learners, **kwargs)
+        shards = run.buffer.shards
+        if not 0 <= index < shards or name != buffer_name(index):
+            raise ConfigError("buffer", name, f"buffer-<index> with index in [0, {shards})")
+        self.index = index
+        self.learners = {
+            learner_name(j) for j in learners_of_shard(index, run.learner.count, shards)
+        }
+        topics = [batches_topic(n) for n in sorted(self.learners)]
+        super().__init__(name, publishes=topics, **kwargs)
         self.config = run
         apply_run_options(self, self.config)
         self.drop_stale = self.config.controller.mode != "unbalanced"
         self.spec = BufferSpec(**buffer_spec)
-        self.buffer = make_buffer(self.spec, seed=self.config.seed)
+        self.buffer = make_buffer(self.spec, seed=self.config.seed + 7919 * index)
         self.requested: dict[str, int] = {}  # cumulative batches each learner asked for
         self.sent: dict[str, int] = {}  # ... and were sent (credit = requested - sent)
         self.learner_version = 0
         self._ids = itertools.count()
-        self.subscribe(TRAJECTORIES, self.on_trajectory)
+        self.subscribe(trajectories_topic(index, shards), self.on_trajectory)
         self.subscribe(REQUESTS, self.on_request_batches)
-        self.subscribe(PRIORITIES, self.on_priorities)
+        self.subscribe(priorities_topic(index, shards), self.on_priorities)
 
     async def on_trajectory(self, ev: TrajectoryCollected) -> None:
         steps = transitions(ev.arrays)
@@ -69,6 +91,8 @@ class BufferService(Service):
         return sum(self.requested.values()) - sum(self.sent.values())
 
     async def on_request_batches(self, ev: BatchRequested) -> None:
+        if ev.learner not in self.learners or ev.buffer not in ("", self.name):
+            return  # credit for another shard
         before = self.requested.get(ev.learner, 0)
         if ev.count < before:  # counting from 0 again: a restarted learner
             self.sent[ev.learner] = 0
@@ -117,6 +141,7 @@ class BufferService(Service):
                     policy_version=self.learner_version,
                     arrays=batch,
                     policy_versions=versions,
+                    buffer=self.name,
                 ),
                 batches_topic(learner),
             )

@@ -32,11 +32,13 @@ from tianji.events import (
 from tianji.service import Service
 from tianji.services import (
     LEARNER_PARAMS,
-    PRIORITIES,
     REQUESTS,
     batches_topic,
+    buffer_name,
     gradients_topic,
     learner_name,
+    priorities_topic,
+    shards_of_learner,
 )
 from tianji.services.allreduce import AllReduce, weights_digest
 from tianji.services.common import apply_run_options, make_algorithm, parse_run_config
@@ -61,7 +63,14 @@ class LearnerService(Service):
     def __init__(self, name: str, *, config: dict[str, Any], index: int = 0, **kwargs: Any) -> None:
         run = parse_run_config(config)
         count = run.learner.count
-        topics = [REQUESTS, PRIORITIES] + ([LEARNER_PARAMS] if index == 0 else [])
+        shards = run.buffer.shards
+        self.shards = [buffer_name(s) for s in shards_of_learner(index, count, shards)]
+        self._priorities = {
+            buffer_name(s): priorities_topic(s, shards)
+            for s in shards_of_learner(index, count, shards)
+        }
+        topics = [REQUESTS, *sorted(set(self._priorities.values()))]
+        topics += [LEARNER_PARAMS] if index == 0 else []
         if count > 1:
             topics.append(gradients_topic(name))
         super().__init__(name, publishes=topics, **kwargs)
@@ -84,6 +93,7 @@ class LearnerService(Service):
         self._closing = False
         self._batches: asyncio.Queue[SampleBatch] = asyncio.Queue(self.config.learner.prefetch)
         self.requested = 0  # batches asked for since start (the cumulative credit we sent)
+        self.requested_from = dict.fromkeys(self.shards, 0)  # ... per buffer shard
         self._held = 0  # samples received and not yet consumed or dropped (queued, training)
         self.gauges["held_samples"] = 0.0
         self.gauges["waiting_s"] = 0.0
@@ -192,7 +202,7 @@ class LearnerService(Service):
         if self.allreduce is not None:
             self._install_gradient_sync(self.allreduce)
             await self.wait_subscribers(gradients_topic(self.name), self.allreduce.count - 1)
-        await self.wait_subscribers(REQUESTS)  # the buffer
+        await self.wait_subscribers(REQUESTS, self.config.buffer.shards)  # every buffer
         await self._request(self.config.learner.prefetch)
         try:
             while True:
@@ -221,9 +231,20 @@ class LearnerService(Service):
     REPEAT_S = 2.0
 
     async def _request(self, more: int) -> None:
-        self.requested += more
-        ev = BatchRequested(learner=self.name, count=self.requested, learner_version=self.version)
-        await self.publish(ev, REQUESTS)
+        """Ask for ``more`` batches (0: repeat the cumulative credit), spread round-robin
+        over this learner's buffer shards; one cumulative count per shard."""
+        for _ in range(more):
+            shard = self.shards[self.requested % len(self.shards)]
+            self.requested_from[shard] += 1
+            self.requested += 1
+        for shard, count in self.requested_from.items():
+            ev = BatchRequested(
+                learner=self.name,
+                count=count,
+                learner_version=self.version,
+                buffer=shard if self.config.buffer.shards > 1 else "",
+            )
+            await self.publish(ev, REQUESTS)
 
     async def _learn(self, batch: SampleBatch) -> None:
         n = int(batch.policy_versions.size)
@@ -260,7 +281,7 @@ class LearnerService(Service):
                     indices=batch.arrays["index"],
                     priorities=np.asarray(result.priorities, np.float32),
                 ),
-                PRIORITIES,
+                self._priorities.get(batch.buffer, self._priorities[self.shards[0]]),
             )
         if self.index == 0 and self.version % self.config.learner.publish_interval == 0:
             await self._publish_weights()
