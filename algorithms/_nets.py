@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from tianji.core import GradientSync
 from tianji.errors import ConfigError
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "obs_tensor",
     "pick_device",
     "seeded_init",
+    "sync_gradients",
 ]
 
 
@@ -154,3 +156,30 @@ def load_numpy_weights(module: nn.Module, weights: Mapping[str, np.ndarray]) -> 
             if tuple(src.shape) != tuple(v.shape):
                 raise ValueError(f"weight {k}: shape {tuple(src.shape)} != {tuple(v.shape)}")
             v.copy_(src)
+
+
+def sync_gradients(params: Sequence[nn.Parameter], sync: GradientSync) -> None:
+    """Replace the gradients of ``params`` by what ``sync`` makes of them, flattened.
+
+    All gradients travel as one float32 vector (in ``params`` order) and come back
+    averaged over the data-parallel learners. A parameter without a gradient contributes
+    zeros and gets the averaged gradient, so every learner steps every parameter alike.
+
+    Raises:
+        ValueError: if ``sync`` returns a vector of another size.
+    """
+    grads = [
+        p.grad if p.grad is not None else torch.zeros_like(p, memory_format=torch.contiguous_format)
+        for p in params
+    ]
+    flat = torch.cat([g.detach().reshape(-1).to("cpu", torch.float32) for g in grads])
+    out = np.asarray(sync(flat.numpy()), dtype=np.float32)
+    if out.shape != (flat.numel(),):
+        raise ValueError(f"gradient sync returned shape {out.shape}, expected ({flat.numel()},)")
+    averaged = torch.from_numpy(out)
+    offset = 0
+    for p, g in zip(params, grads, strict=True):
+        n = g.numel()
+        g.copy_(averaged[offset : offset + n].view_as(g))
+        p.grad = g
+        offset += n

@@ -30,10 +30,11 @@ from tianji.algorithms._nets import (
     pick_device,
     require_spaces,
     seeded_init,
+    sync_gradients,
 )
 from torch import nn
 
-from tianji.core import BufferSpec, UpdateResult
+from tianji.core import BufferSpec, GradientSync, UpdateResult
 from tianji.errors import ConfigError
 
 __all__ = ["DQN", "DQNConfig", "double_dqn_target", "epsilon_at", "n_step_transitions"]
@@ -224,6 +225,7 @@ class DQN:
         self.q_target.load_state_dict(self.q.state_dict())
         self.q_target.requires_grad_(False)
         self._optimizer: torch.optim.Optimizer | None = None  # built on first update
+        self.gradient_sync: GradientSync | None = None  # set by the learner when K > 1
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
@@ -277,6 +279,8 @@ class DQN:
         loss = loss_each.mean()
         self.optimizer.zero_grad(set_to_none=True)
         torch.autograd.backward(loss)
+        if self.gradient_sync is not None:  # data-parallel learners: average, then clip
+            sync_gradients(list(self.q.parameters()), self.gradient_sync)
         grad_norm = nn.utils.clip_grad_norm_(self.q.parameters(), c.max_grad_norm)
         self.optimizer.step()
         self.version += 1

@@ -32,10 +32,11 @@ from tianji.algorithms._nets import (
     pick_device,
     require_spaces,
     seeded_init,
+    sync_gradients,
 )
 from torch import nn
 
-from tianji.core import BufferSpec, UpdateResult
+from tianji.core import BufferSpec, GradientSync, UpdateResult
 from tianji.errors import ConfigError
 
 __all__ = [
@@ -275,6 +276,7 @@ class PPO:
                 flat_dim(observation_space.shape), out_dim, config, continuous=self.continuous
             ).to(self.device)
         self._optimizer: torch.optim.Optimizer | None = None  # built on first update
+        self.gradient_sync: GradientSync | None = None  # set by the learner when K > 1
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
@@ -376,12 +378,22 @@ class PPO:
                 for k, v in self._minibatch_step(mb).items():
                     totals[k] = totals.get(k, 0.0) + v
                 steps += 1
-            if c.target_kl is not None and totals["approx_kl"] / steps > c.target_kl:
+            if (
+                c.target_kl is not None
+                and self._shared_kl(totals["approx_kl"] / steps) > c.target_kl
+            ):
                 break
         self.version += 1
         metrics = {k: v / steps for k, v in totals.items()}
         metrics.update(self._batch_metrics(flat), lr=self.optimizer.param_groups[0]["lr"])
         return UpdateResult(metrics=metrics)
+
+    def _shared_kl(self, kl: float) -> float:
+        """The early-stop KL: with data-parallel learners the mean over all of them (one
+        more all-reduce step), so they all stop after the same epoch and stay in step."""
+        if self.gradient_sync is None:
+            return kl
+        return float(self.gradient_sync(np.array([kl], dtype=np.float32))[0])
 
     def _prepare(self, batch: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
         """Recompute values, run GAE and flatten ``[T, M, ...]`` to ``[T*M, ...]`` tensors."""
@@ -433,6 +445,8 @@ class PPO:
         loss = pg_loss + c.vf_coef * v_loss - c.ent_coef * ent
         self.optimizer.zero_grad(set_to_none=True)
         torch.autograd.backward(loss)
+        if self.gradient_sync is not None:  # data-parallel learners: average, then clip
+            sync_gradients(list(self.net.parameters()), self.gradient_sync)
         nn.utils.clip_grad_norm_(self.net.parameters(), c.max_grad_norm)
         self.optimizer.step()
         with torch.no_grad():

@@ -35,6 +35,7 @@ from tianji.events import (
     ConsumptionGranted,
     EpisodesFinished,
     Event,
+    GradientsShared,
     Heartbeat,
     ObservationsReady,
     ParamsPublished,
@@ -180,6 +181,13 @@ def sample_events() -> list[Event]:
             policy_version=17,
             arrays={"obs": np.ones((4, 3), np.float32), "action": np.arange(4)},
             policy_versions=np.array([15, 16, 16, 17], np.int64),
+        ),
+        GradientsShared(
+            learner="learner-1",
+            index=1,
+            step=42,
+            grads=RNG.standard_normal(10, dtype=np.float32),
+            digest="0f1e2d3c",
         ),
         PrioritiesUpdated(
             policy_version=17,

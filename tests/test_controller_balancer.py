@@ -241,3 +241,36 @@ def test_sync_mode_settings_that_could_never_progress_are_config_errors(tmp_path
 def test_bad_controller_settings_name_the_key(override: str, named: str) -> None:
     with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
         load_config("examples/cartpole_dqn.toml", [override])
+
+
+def test_data_parallel_learners_are_each_granted_their_share_of_the_limit() -> None:
+    async def scenario() -> list[tuple[str, int]]:
+        send = Recorder()
+        cfg = BalanceConfig(
+            replay_ratio=1.0, tolerance=0.5, batch_samples=2 * 32, fragment_samples=16, learners=2
+        )
+        balancer = Balancer(cfg, send)
+        run = {
+            "buffer-0": hb("buffer-0", "buffer", {"samples_inserted": 1000}),
+            "learner-0": hb("learner-0", "learner", {"samples_consumed": 320}),
+            "learner-1": hb("learner-1", "learner", {"samples_consumed": 320}),
+            "actor-0": hb("actor-0", "actor", policy_version=0),
+        }
+        await balancer.update(run, run)
+        return [(n, ev.limit) for n, ev in send.sent if isinstance(ev, ConsumptionGranted)]
+
+    limit = int(1000 * 1.5 + 1.0 * 16 + 64)  # the band's upper edge for both learners
+    assert asyncio.run(scenario()) == [("learner-0", limit // 2), ("learner-1", limit // 2)]
+
+
+def test_the_balance_counts_a_batch_from_every_learner_per_version() -> None:
+    run = load_config("examples/cartpole_ppo.toml", ["learner.count=2"])
+    spec = BufferSpec(kind="rollout", capacity=8, batch_size=2, min_size=2)
+    cfg = balance_config(run, spec, fragment_samples=256)
+    assert cfg.learners == 2 and cfg.batch_samples == 2 * 2 * 256
+    with pytest.raises(ConfigError, match="2 learner"):
+        balance_config(
+            load_config("examples/cartpole_ppo.toml", ["learner.count=2", "controller.mode=sync"]),
+            spec,
+            fragment_samples=256,
+        )

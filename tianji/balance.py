@@ -76,7 +76,10 @@ class BalanceConfig:
     versions after the policy that collects it (at most ``max_policy_lag``). Keeping it
     below the hard bound leaves room for fragments that arrive out of order."""
     batch_samples: int = 1
-    """Samples the learner consumes per update (one version step)."""
+    """Samples the learners consume per update (one version step): with K data-parallel
+    learners, K batches."""
+    learners: int = 1
+    """Data-parallel learners; each is granted ``1/learners`` of the consume limit."""
     fragment_samples: int = 1
     """Samples one producer inserts per fragment (the step a resumed producer takes)."""
 
@@ -95,6 +98,7 @@ class BalanceConfig:
             or self.fragment_samples < 1
             or self.min_replay_size < 0
             or self.lag_target < 0
+            or self.learners < 1
         ):
             raise ConfigError(
                 "controller",
@@ -286,23 +290,26 @@ def balance_config(run: RunConfig, spec: BufferSpec, fragment_samples: int) -> B
     ctl = run.controller
     on_policy = spec.kind == "rollout"
     batch = spec.batch_size * fragment_samples if on_policy else spec.batch_size
+    batch *= run.learner.count  # one update (version) takes a batch from every learner
     cfg = BalanceConfig(
         mode=ctl.mode,
         on_policy=on_policy,
         replay_ratio=ctl.replay_ratio,
         tolerance=ctl.tolerance,
-        min_replay_size=0 if on_policy else spec.min_size,
+        min_replay_size=0 if on_policy else _min_replay_total(run, spec.min_size),
         max_policy_lag=run.learner.max_policy_lag,
         lag_target=ctl.lag_target,
         batch_samples=batch,
         fragment_samples=fragment_samples,
+        learners=run.learner.count,
     )
-    if ctl.mode == "sync" and on_policy and spec.batch_size != run.actors.count:
+    learners = run.learner.count
+    if ctl.mode == "sync" and on_policy and spec.batch_size * learners != run.actors.count:
         raise ConfigError(
             "controller.mode",
             "sync",
-            f"a learner batch of one fragment per actor: the algorithm's batch is "
-            f"{spec.batch_size} fragments but actors.count is {run.actors.count}",
+            f"one fragment per actor per update: the algorithm's batch is {spec.batch_size} "
+            f"fragments x {learners} learner(s) but actors.count is {run.actors.count}",
         )
     round_samples = ctl.replay_ratio * run.actors.count * fragment_samples
     if ctl.mode == "sync" and not on_policy and round_samples < batch:
@@ -313,6 +320,14 @@ def balance_config(run: RunConfig, spec: BufferSpec, fragment_samples: int) -> B
             f"batch size {batch}, or a round of fragments never allows an update",
         )
     return cfg
+
+
+def _min_replay_total(run: RunConfig, min_size: int) -> int:
+    """Samples inserted over all buffer shards before every shard holds ``min_size``: the
+    shards' actors split unevenly when ``actors.count % shards != 0``."""
+    shards, actors = run.buffer.shards, run.actors.count
+    most, fewest = -(-actors // shards), actors // shards
+    return -(-min_size * shards * most // fewest)
 
 
 class LagStats:

@@ -73,9 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    from tianji.deploy import add_deploy_parsers
     from tianji.training import add_train_parser
 
     add_train_parser(sub)
+    add_deploy_parsers(sub)
 
     p = sub.add_parser("version", help="print the version")
     p.set_defaults(func=_cmd_version)

@@ -104,11 +104,33 @@ class LearnerConfig:
     """Publish weights every this many updates."""
     max_policy_lag: int = 4
     """On-policy: samples older than this many policy versions are dropped (reason stale)."""
+    count: int = 1
+    """Data-parallel learners (K): each samples its own batches, they average gradients every
+    optimizer step and so hold identical weights; learner-0 publishes them."""
+    sync_timeout: float = 60.0
+    """Seconds a learner waits at a gradient all-reduce step for its peers (K > 1) before it
+    fails naming the peer that did not answer."""
 
     def __post_init__(self) -> None:
-        _positive("learner", self, ("torch_threads", "prefetch", "publish_interval"))
+        _positive("learner", self, ("torch_threads", "prefetch", "publish_interval", "count"))
         if self.max_policy_lag < 0:
             raise ConfigError("learner.max_policy_lag", self.max_policy_lag, "an int >= 0")
+        if not self.sync_timeout > 0:
+            raise ConfigError("learner.sync_timeout", self.sync_timeout, "a number of seconds > 0")
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class BufferConfig:
+    """``[buffer]``: the replay / rollout buffer services."""
+
+    shards: int = 1
+    """Buffer services ``buffer-0..S-1``. Actor i publishes to shard ``i % S``; learner j
+    samples from the shards ``s`` with ``s % K == j`` (S >= K) or from shard ``j % S``
+    (S < K). Each shard holds its own ``buffer_capacity`` and waits for its own
+    ``learning_starts`` samples."""
+
+    def __post_init__(self) -> None:
+        _positive("buffer", self, ("shards",))
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -213,6 +235,7 @@ class RunConfig:
     env: EnvConfig = dataclasses.field(default_factory=EnvConfig)
     actors: ActorConfig = dataclasses.field(default_factory=ActorConfig)
     learner: LearnerConfig = dataclasses.field(default_factory=LearnerConfig)
+    buffer: BufferConfig = dataclasses.field(default_factory=BufferConfig)
     stop: StopConfig = dataclasses.field(default_factory=StopConfig)
     controller: ControllerConfig = dataclasses.field(default_factory=ControllerConfig)
     ray: RayConfig = dataclasses.field(default_factory=RayConfig)
@@ -222,6 +245,17 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.transport not in ("inproc", "tcp", "shm"):
             raise ConfigError("transport", self.transport, "one of inproc, tcp, shm")
+        shards = self.buffer.shards
+        if shards > self.actors.count:
+            raise ConfigError(
+                "buffer.shards",
+                shards,
+                f"at most actors.count={self.actors.count} (one actor each)",
+            )
+        if shards > 1 and self.controller.mode == "sync":
+            raise ConfigError(
+                "buffer.shards", shards, "1 with controller.mode = 'sync' (one round of all actors)"
+            )
 
 
 def _positive(section: str, obj: object, names: Sequence[str]) -> None:

@@ -69,6 +69,8 @@ class ServiceRecord:
     pid: int
     conn: Connection
     registered_at: float
+    local_address: str = ""
+    locality: str = ""
     last_heartbeat: Heartbeat | None = None
     last_seen: float = 0.0
 
@@ -95,15 +97,33 @@ class Controller(Service):
         super().__init__(name, **kwargs)
         self.balancer = Balancer(balance, self._command) if balance is not None else None
         self.run_id = run_id or uuid.uuid4().hex[:12]
+        self.run_digest = ""  # when set, services registering another digest are refused
+        self._balance_wanted = asyncio.Event()
         self.registry: dict[str, ServiceRecord] = {}
         self.reports: dict[str, ServiceReported] = {}
         self.heartbeats: dict[str, Heartbeat] = {}  # latest per service, kept after it leaves
         self._watchers: dict[str, set[Connection]] = {}
 
     # ------------------------------------------------------------------ queries
-    def publishers(self, topic_name: str) -> tuple[str, ...]:
-        """Addresses of the services that publish ``topic_name``, sorted."""
-        return tuple(sorted(r.address for r in self.registry.values() if topic_name in r.publishes))
+    def publishers(self, topic_name: str, locality: str = "") -> tuple[str, ...]:
+        """Addresses of the services that publish ``topic_name``, sorted: for a subscriber
+        of the given ``locality`` a publisher's local address (shared memory) where it has
+        one and shares that locality, else its main address (TCP)."""
+        return tuple(
+            sorted(
+                r.local_address
+                if locality and r.local_address and r.locality == locality
+                else r.address
+                for r in self.registry.values()
+                if topic_name in r.publishes
+            )
+        )
+
+    def _locality_of(self, conn: Connection) -> str:
+        for record in self.registry.values():
+            if record.conn is conn:
+                return record.locality
+        return ""
 
     async def wait_until(
         self, predicate: Callable[[Controller], bool], timeout: float | None = None
@@ -136,15 +156,32 @@ class Controller(Service):
         """Tell every registered service to drain and stop."""
         return await self.broadcast(Shutdown(reason=reason))
 
+    async def main(self) -> None:
+        if self.balancer is None:
+            await super().main()
+            return
+        await self._balance_loop(self.balancer)
+
+    async def _balance_loop(self, balancer: Balancer) -> None:
+        """Balance decisions, one at a time, on the latest heartbeats: heartbeats arrive on
+        many connections at once, and two interleaved decisions could send commands out of
+        order (a pause after the resume that superseded it)."""
+        while True:
+            await self._balance_wanted.wait()
+            self._balance_wanted.clear()
+            await balancer.update(self.heartbeats, self.registry)
+            self.gauges.update(balancer.gauges())  # in the controller's heartbeat
+
     # ------------------------------------------------------------------ requests
     async def on_request(self, ev: Event, conn: Connection) -> None:
         if isinstance(ev, RegisterService):
             await self._register(ev, conn)
         elif isinstance(ev, WatchTopics):
+            where = self._locality_of(conn)
             for name in ev.topics:
                 self._watchers.setdefault(name, set()).add(conn)
                 await self._tell(
-                    conn, PublishersChanged(topic=name, addresses=self.publishers(name))
+                    conn, PublishersChanged(topic=name, addresses=self.publishers(name, where))
                 )
         elif isinstance(ev, Heartbeat):
             record = self.registry.get(ev.name)
@@ -153,8 +190,7 @@ class Controller(Service):
                 record.last_heartbeat = ev
                 record.last_seen = time.monotonic()
                 if self.balancer is not None and ev.role in Balancer.ROLES:
-                    await self.balancer.update(self.heartbeats, self.registry)
-                    self.gauges.update(self.balancer.gauges())  # in the controller's heartbeat
+                    self._balance_wanted.set()  # decided by _balance_loop, one at a time
                 self._notify()
         elif isinstance(ev, ServiceReported):
             self.reports[ev.name] = ev
@@ -164,6 +200,15 @@ class Controller(Service):
             await super().on_request(ev, conn)
 
     async def _register(self, ev: RegisterService, conn: Connection) -> None:
+        if self.run_digest and ev.run_digest and ev.run_digest != self.run_digest:
+            why = (
+                f"refused: {ev.name}'s run config (digest {ev.run_digest}) differs from the "
+                f"controller's ({self.run_digest}); start it with the same config and --set"
+            )
+            log.error("%s", why)
+            self.counters["registrations_refused"] += 1
+            await self._tell(conn, Shutdown(reason=why))
+            return
         old = self.registry.get(ev.name)
         if old is not None and old.conn is not conn:
             log.warning(
@@ -181,11 +226,16 @@ class Controller(Service):
             conn=conn,
             registered_at=now,
             last_seen=now,
+            local_address=ev.local_address,
+            locality=ev.locality,
         )
         log.info("registered %s (%s) at %s", ev.name, ev.role, ev.address)
         await self._tell(conn, ServiceRegistered(name=ev.name, run_id=self.run_id))
         changed = before ^ set(ev.publishes)
-        if old is not None and old.address != ev.address:
+        if old is not None and (old.address, old.local_address) != (
+            ev.address,
+            ev.local_address,
+        ):
             changed |= before | set(ev.publishes)
         await self._announce(changed)
         self._notify()
@@ -202,8 +252,9 @@ class Controller(Service):
 
     async def _announce(self, topics: set[str]) -> None:
         for name in sorted(topics):
-            update = PublishersChanged(topic=name, addresses=self.publishers(name))
             for watcher in list(self._watchers.get(name, ())):
+                where = self._locality_of(watcher)
+                update = PublishersChanged(topic=name, addresses=self.publishers(name, where))
                 await self._tell(watcher, update)
 
     async def _command(self, name: str, ev: Event) -> bool:
@@ -233,7 +284,8 @@ class Balancer:
     In ``sync`` mode each actor enforces one fragment per policy version itself (a round
     trip through the controller would only add latency to the baseline), so the policy's
     ``paused`` set is reported, not sent; the learner's grant is sent in every mode but
-    ``unbalanced``.
+    ``unbalanced``. With K data-parallel learners the policy's limit is for all of them
+    and each learner is granted ``limit // K`` (they consume equal batches in lockstep).
 
     Args:
         config: the balance settings.
@@ -305,7 +357,8 @@ class Balancer:
         self.paused &= set(live)
         if self.config.mode == "unbalanced" or decision.consume_limit is None:
             return
-        limit = decision.consume_limit
+        # Data-parallel learners step together on equal batches: each gets an equal share.
+        limit = decision.consume_limit // self.config.learners
         learners = [n for n, hb in heartbeats.items() if hb.role == "learner" and n in live]
         for name in learners:
             if self.grants.get(name) != limit:

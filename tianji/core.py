@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -30,10 +30,12 @@ __all__ = [
     "Connection",
     "ConnectionStatistics",
     "Frames",
+    "GradientSync",
     "Limits",
     "Listener",
     "Service",
     "ServiceState",
+    "SupportsGradientSync",
     "Transport",
     "UpdateResult",
 ]
@@ -311,6 +313,33 @@ class Algorithm(Protocol):
     def set_weights(self, weights: Mapping[str, np.ndarray], version: int) -> None: ...
 
     def buffer_spec(self) -> BufferSpec: ...
+
+
+GradientSync = Callable[[np.ndarray], np.ndarray]
+"""Averages a flat float32 vector over the data-parallel learners (``learner.count > 1``).
+
+The learner service installs one on its algorithm; the algorithm calls it after
+``backward()`` with all its gradients flattened into one vector, and puts what it returns
+back before clipping and ``optimizer.step()``. It blocks until every learner has handed in
+its vector for the same step and returns their mean, bit-identical on every learner, so
+identical weights stay identical. Each call is one all-reduce step: every learner must make
+the same sequence of calls with vectors of the same size (an algorithm that takes a
+data-dependent decision, e.g. PPO's early stop on ``target_kl``, averages its input through
+the same hook first). It raises if a peer does not answer in time.
+"""
+
+
+@runtime_checkable
+class SupportsGradientSync(Protocol):
+    """An :class:`Algorithm` that can run as one of several data-parallel learners.
+
+    Usage (the learner service does this when ``learner.count > 1``)::
+
+        algo.gradient_sync = hook    # None (the default): a single learner, no overhead
+        algo.update(batch)           # calls hook(flat_grads) once per optimizer step
+    """
+
+    gradient_sync: GradientSync | None
 
 
 @runtime_checkable

@@ -11,6 +11,7 @@ The transport-facing errors mirror anyio's small vocabulary:
 * :class:`WouldBlock` - a ``*_nowait`` call could not complete without waiting.
 * :class:`BadFrame` - bytes on the wire (or handed to the codec) are malformed.
 * :class:`ConfigError` - a configuration key or value is wrong.
+* :class:`SyncFailed` - data-parallel learners could not complete a gradient all-reduce.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ __all__ = [
     "EndOfStream",
     "RegistryError",
     "ServiceFailed",
+    "SyncFailed",
     "TianjiError",
     "WouldBlock",
 ]
@@ -150,4 +152,22 @@ class ServiceFailed(TianjiError):
     def __init__(self, service: str, reason: str) -> None:
         super().__init__(f"service {service} failed: {reason}")
         self.service = service
+        self.reason = reason
+
+
+class SyncFailed(TianjiError):
+    """A data-parallel learner could not complete a gradient all-reduce step.
+
+    Attributes:
+        learner: the learner that gave up.
+        step: the all-reduce step (optimizer steps since the start, from 0).
+        peers: the peers it is about (those that did not answer, or that disagree).
+        reason: what went wrong.
+    """
+
+    def __init__(self, learner: str, step: int, peers: list[str], reason: str) -> None:
+        super().__init__(f"{learner} at all-reduce step {step}: {reason} (peers {peers})")
+        self.learner = learner
+        self.step = step
+        self.peers = peers
         self.reason = reason

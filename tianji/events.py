@@ -30,6 +30,7 @@ __all__ = [
     "EpisodesFinished",
     "Event",
     "EventInfo",
+    "GradientsShared",
     "Heartbeat",
     "PauseProduction",
     "PrioritiesUpdated",
@@ -164,7 +165,13 @@ class Subscribe(Event):
 
 @event
 class RegisterService(Event):
-    """Command the controller to register a service and the topics it publishes."""
+    """Command the controller to register a service and the topics it publishes.
+
+    ``local_address`` (optional) is a second listener for services of the same
+    ``locality`` (same host and network namespace), e.g. shared memory. ``run_digest``
+    (optional) identifies the service's run config; a controller with a digest of its own
+    refuses a service whose digest differs.
+    """
 
     name: str
     role: str
@@ -172,6 +179,9 @@ class RegisterService(Event):
     publishes: tuple[str, ...]
     host: str
     pid: int
+    local_address: str = ""
+    locality: str = ""
+    run_digest: str = ""
 
 
 @event
@@ -316,21 +326,26 @@ class BatchRequested(Event):
     one is made good by the next).
 
     ``learner_version`` lets the buffer drop samples older than ``max_policy_lag``.
+    ``buffer`` names the shard the credit is for (``""``: any buffer that serves
+    ``learner``); with several shards the count is per shard.
     """
 
     learner: str
     count: int
     learner_version: int
+    buffer: str = ""
 
 
 @event
 class SampleBatch(Event):
-    """Fact: a buffer handed out a batch; ``policy_versions`` are the samples' versions."""
+    """Fact: a buffer handed out a batch; ``policy_versions`` are the samples' versions;
+    ``buffer`` is the shard it came from (priorities for its slots go back there)."""
 
     batch_id: int
     policy_version: int
     arrays: dict[str, np.ndarray]
     policy_versions: np.ndarray
+    buffer: str = ""
 
 
 @event
@@ -340,3 +355,19 @@ class PrioritiesUpdated(Event):
     policy_version: int
     indices: np.ndarray
     priorities: np.ndarray
+
+
+@event
+class GradientsShared(Event):
+    """Fact: data-parallel learner ``learner`` (``index`` of K) computed its flat float32
+    gradient ``grads`` for all-reduce step ``step`` (steps count optimizer steps from 0).
+
+    ``digest`` is a hash of its weights before the step (checked by the peers), or ``""``
+    on steps where it is not checked.
+    """
+
+    learner: str
+    index: int
+    step: int
+    grads: np.ndarray
+    digest: str

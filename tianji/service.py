@@ -116,6 +116,10 @@ class Service:
             (:meth:`add_publisher`) as tests and single-process runs may.
         options: runtime knobs, see :class:`ServiceOptions`.
         publishes: topics (or event classes) this service publishes.
+        advertise: the host other services should use to reach this one (registered in
+            place of the bind host, e.g. the host's IP when binding ``0.0.0.0``).
+        local_bind: a second listener for peers on the same host (e.g. ``"shm://"``); the
+            controller hands its address to subscribers on this host, ``bind`` to others.
     """
 
     role: ClassVar[str] = "service"
@@ -128,12 +132,21 @@ class Service:
         controller: str | None = None,
         options: ServiceOptions | None = None,
         publishes: Sequence[str | type[Event]] = (),
+        advertise: str | None = None,
+        local_bind: str | None = None,
     ) -> None:
         transports.split_address(bind)  # ConfigError naming a malformed address, now
+        if local_bind is not None:
+            transports.split_address(local_bind)
         if controller is not None:
             transports.split_address(controller)
         self.name = name
         self.bind = bind
+        self.advertise = advertise
+        self.local_bind = local_bind
+        self.local_address = ""
+        self.run_digest = ""  # the run config's digest, checked by the controller if set
+        self.locality = locality()  # services of one locality can share memory
         self.controller_address = controller
         self.options = options or ServiceOptions()
         self.address = ""
@@ -152,6 +165,7 @@ class Service:
         self._links: dict[str, _Link] = {}
         self._peers: set[Connection] = set()
         self._listener: Listener | None = None
+        self._local_listener: Listener | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._tg: asyncio.TaskGroup | None = None
         self._controller_conn: Connection | None = None
@@ -218,6 +232,10 @@ class Service:
         for conn in conns:
             conn.send_nowait(frames)
         return len(conns)
+
+    def subscriber_count(self, topic_or_type: str | type[Event]) -> int:
+        """Subscribers connected for the topic now (an event published now reaches them)."""
+        return len(self._subscribers.get(_topic_name(topic_or_type), ()))
 
     async def wait_subscribers(self, topic_or_type: str | type[Event], count: int = 1) -> None:
         """Wait until at least ``count`` subscribers are connected for the topic."""
@@ -310,7 +328,17 @@ class Service:
         self._set_state(ServiceState.STARTING)
         transport = transports.for_address(self.bind)
         self._listener = await transport.listen(self.bind, limits=self.options.limits)
-        self.address = self._listener.address
+        self.address = advertised(self._listener.address, self.advertise)
+        try:
+            if self.local_bind is not None:
+                local = transports.for_address(self.local_bind)
+                self._local_listener = await local.listen(
+                    self.local_bind, limits=self.options.limits
+                )
+                self.local_address = self._local_listener.address
+        except BaseException:
+            await self._listener.aclose()
+            raise
         try:
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg
@@ -321,7 +349,9 @@ class Service:
             raise ServiceFailed(self.name, self._failure)
 
     async def _run_phases(self) -> None:
-        self._spawn(self._accept_loop())
+        self._spawn(self._accept_loop(self._listener))
+        if self._local_listener is not None:
+            self._spawn(self._accept_loop(self._local_listener))
         if self.controller_address is not None:
             self._spawn(self._controller_loop())
             self._spawn(self._heartbeat_loop())
@@ -386,8 +416,9 @@ class Service:
                 controller.abort()
 
     async def _release(self) -> None:
-        if self._listener is not None:
-            await self._listener.aclose()
+        for listener in (self._listener, self._local_listener):
+            if listener is not None:
+                await listener.aclose()
         for conn in list(self._peers):
             conn.abort()
         for link in self._links.values():
@@ -491,11 +522,11 @@ class Service:
         await conn.send(self._frames(ev, CONTROL))
 
     # ------------------------------------------------------------------ serving
-    async def _accept_loop(self) -> None:
-        assert self._listener is not None
+    async def _accept_loop(self, listener: Listener | None) -> None:
+        assert listener is not None
         while True:
             try:
-                conn = await self._listener.accept()
+                conn = await listener.accept()
             except TianjiError:
                 return
             self._spawn(self._serve_peer(conn))
@@ -543,7 +574,7 @@ class Service:
     def _set_publishers(self, name: str, addresses: Sequence[str]) -> None:
         if self._stopping.is_set():  # draining: no new links
             return
-        wanted = set(addresses) - {self.address}
+        wanted = set(addresses) - {self.address, self.local_address}
         for address in wanted:
             self._link_to(address, {name})
         for address, link in list(self._links.items()):
@@ -597,6 +628,9 @@ class Service:
             publishes=tuple(sorted(self._publishes)),
             host=socket.gethostname(),
             pid=os.getpid(),
+            local_address=self.local_address,
+            locality=self.locality,
+            run_digest=self.run_digest,
         )
 
     async def _controller_loop(self) -> None:
@@ -676,6 +710,30 @@ class Service:
                 # a whole heartbeat_interval later; the controller balances on these reports.
                 self.counters["heartbeats_skipped"] += 1
                 self._report_wanted.set()
+
+
+def advertised(address: str, host: str | None) -> str:
+    """``address`` with its host replaced by ``host`` (``tcp://0.0.0.0:5000`` advertised as
+    ``tcp://10.0.0.1:5000``); unchanged when ``host`` is ``None`` or the address has no
+    ``host:port`` part."""
+    if not host:
+        return address
+    scheme, rest = transports.split_address(address)
+    _, sep, port = rest.rpartition(":")
+    if not sep or not port.isdigit():
+        return address
+    host = f"[{host}]" if ":" in host and not host.startswith("[") else host
+    return f"{scheme}://{host}:{port}"
+
+
+def locality() -> str:
+    """Which services can share memory with this one: same host and same network
+    namespace (the shm transport's rendezvous socket lives in the network namespace)."""
+    try:
+        netns = os.stat("/proc/self/ns/net").st_ino
+    except OSError:
+        return socket.gethostname()
+    return f"{socket.gethostname()}/net:{netns}"
 
 
 async def _first(*aws: Coroutine[Any, Any, Any]) -> None:

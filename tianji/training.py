@@ -22,20 +22,20 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from tianji.balance import BalanceConfig, balance_config
+from tianji.balance import balance_config
 from tianji.config import RunConfig, to_dict
 from tianji.controller import Controller, accounting, dropped_by_reason, lag_summary
 from tianji.core import BufferSpec
-from tianji.errors import ConfigError
-from tianji.events import EpisodesFinished
-from tianji.launch.base import Launcher, Progress, Until
+from tianji.errors import ConfigError, ServiceFailed
+from tianji.events import EpisodesFinished, Heartbeat
+from tianji.launch.base import Launcher
 from tianji.launch.local import LocalLauncher, run_local
 from tianji.launch.spec import ServiceSpec
 from tianji.service import Service
-from tianji.services import EPISODES
+from tianji.services import EPISODES, buffer_name, learner_name
 from tianji.services.common import make_algorithm
 
-__all__ = ["TrainMonitor", "build_specs", "train"]
+__all__ = ["RunPlan", "TrainMonitor", "build_specs", "train"]
 
 
 class TrainMonitor(Service):
@@ -56,6 +56,11 @@ class TrainMonitor(Service):
         self.stopped: tuple[float, int] | None = None  # (seconds, env steps) at the stop
         self.steps_to_target: int | None = None
         self.subscribe(EPISODES, self.on_episodes)
+
+    def restart_clock(self) -> None:
+        """Count the run's time from now (a deployment by hand starts its clock once every
+        service has joined, not while the services are still being started)."""
+        self.started = time.monotonic()
 
     @property
     def env_steps(self) -> int:
@@ -99,12 +104,13 @@ class TrainMonitor(Service):
             return "max_seconds reached"
         return None
 
-    def running_rate(self) -> float:
-        """Env steps per second from the first fragment to the stop decision (not counting
-        process start-up and shutdown)."""
+    def running_rate(self, count: int | None = None) -> float:
+        """Env steps (or ``count``, e.g. learner updates) per second from the first fragment
+        to the stop decision (not counting process start-up and shutdown)."""
         if self.first_data is None:
             return 0.0
         length, steps = self.stopped or (time.monotonic() - self.started, self.env_steps)
+        steps = steps if count is None else count
         return steps / (length - self.first_data) if length > self.first_data else 0.0
 
 
@@ -118,24 +124,31 @@ def _binds(transport: str) -> tuple[str, str]:
 
 
 def build_specs(config: RunConfig, buffer_spec: dict[str, Any]) -> list[ServiceSpec]:
-    """One spec per service: params, buffer, learner, actors."""
+    """One spec per service: params, buffer shards (``buffer.shards``), learners
+    (``learner.count``), actors."""
     bind = _binds(config.transport)[0]
     data = to_dict(config)
     specs = [
-        ServiceSpec(name="params-0", factory="tianji.services.params:ParamsService", bind=bind),
-        ServiceSpec(
-            name="buffer-0",
-            factory="tianji.services.buffer:BufferService",
-            options={"config": data, "buffer_spec": buffer_spec},
-            bind=bind,
-        ),
-        ServiceSpec(
-            name="learner-0",
-            factory="tianji.services.learner:LearnerService",
-            options={"config": data},
-            bind=bind,
-        ),
+        ServiceSpec(name="params-0", factory="tianji.services.params:ParamsService", bind=bind)
     ]
+    for s in range(config.buffer.shards):
+        specs.append(
+            ServiceSpec(
+                name=buffer_name(s),
+                factory="tianji.services.buffer:BufferService",
+                options={"config": data, "buffer_spec": buffer_spec, "index": s},
+                bind=bind,
+            )
+        )
+    for j in range(config.learner.count):
+        specs.append(
+            ServiceSpec(
+                name=learner_name(j),
+                factory="tianji.services.learner:LearnerService",
+                options={"config": data, "index": j},
+                bind=bind,
+            )
+        )
     if config.actors.inference == "service":
         specs.append(
             ServiceSpec(
@@ -155,6 +168,87 @@ def build_specs(config: RunConfig, buffer_spec: dict[str, Any]) -> list[ServiceS
             )
         )
     return specs
+
+
+@dataclasses.dataclass(slots=True)
+class RunPlan:
+    """A validated run: its services, balance settings and the watching of it.
+
+    ``train`` launches the services itself; ``tianji controller`` waits for them to be
+    started by hand (``tianji serve``) on other hosts. Both watch the run the same way.
+    """
+
+    config: RunConfig
+    specs: list[ServiceSpec]
+    balance: Any
+    on_policy: bool
+    out: TextIO
+    metrics_path: str | None = None
+    monitor: TrainMonitor | None = None
+    _metrics_file: TextIO | None = None
+
+    @classmethod
+    def build(
+        cls, config: RunConfig, out: TextIO = sys.stdout, metrics_path: str | None = None
+    ) -> RunPlan:
+        """Validate everything (keys, algorithm, env id, spaces, mode) and plan the run.
+
+        Raises:
+            ConfigError: for any bad setting, before any process starts.
+        """
+        algo = make_algorithm(config, seed=config.seed, device="cpu")  # validates everything
+        spec: BufferSpec = algo.buffer_spec()
+        del algo
+        fragment_samples = config.actors.fragment_length * config.actors.envs_per_actor
+        balance = balance_config(config, spec, fragment_samples)  # validates the mode
+        specs = build_specs(config, dataclasses.asdict(spec))
+        return cls(config, specs, balance, spec.kind == "rollout", out, metrics_path)
+
+    def local_services(self, bind: str, advertise: str = "") -> Callable[[str], list[Service]]:
+        """The launcher's ``local_services``: the run's monitor, bound at ``bind``."""
+
+        def make(controller_address: str) -> list[Service]:
+            self.monitor = TrainMonitor(
+                "monitor",
+                stop=self.config.stop,
+                bind=bind,
+                controller=controller_address,
+                advertise=advertise or None,
+            )
+            return [self.monitor]
+
+        return make
+
+    def until(self, controller: Controller) -> bool:
+        """The run is done (target, step or time budget): the launcher's ``until``."""
+        return self.monitor is not None and self.monitor.done() is not None
+
+    def progress(self, controller: Controller, elapsed: float) -> None:
+        """Print a progress line; append a metrics row when asked to."""
+        if self.monitor is None:
+            return
+        print(progress_line(controller, self.monitor, elapsed), file=self.out, flush=True)
+        if self.metrics_path is not None:
+            if self._metrics_file is None:
+                self._metrics_file = open(self.metrics_path, "w")  # noqa: SIM115
+            row = metrics_row(controller, self.monitor, elapsed, self.on_policy)
+            self._metrics_file.write(json.dumps(row) + "\n")
+            self._metrics_file.flush()
+
+    def finish(
+        self, controller: Controller, reason: str, wall: float, summary_path: str | None
+    ) -> dict[str, Any]:
+        """Close the metrics file; build (and write) the summary."""
+        if self._metrics_file is not None:
+            self._metrics_file.close()
+            self._metrics_file = None
+        if self.monitor is None:
+            raise ServiceFailed("monitor", f"the run ended before it started ({reason})")
+        summary = summarize(self.config, controller, self.monitor, wall, self.on_policy)
+        summary["stop_reason"] = self.monitor.done() or reason
+        if summary_path:
+            Path(summary_path).write_text(json.dumps(summary, indent=2) + "\n")
+        return summary
 
 
 def train(
@@ -179,76 +273,42 @@ def train(
         ConfigError: before any process starts, for any bad setting.
         ServiceFailed: if a service process fails.
     """
-    algo = make_algorithm(config, seed=config.seed, device="cpu")  # validates everything
-    spec: BufferSpec = algo.buffer_spec()
-    del algo
-    fragment_samples = config.actors.fragment_length * config.actors.envs_per_actor
-    balance = balance_config(config, spec, fragment_samples)  # validates the mode
-    specs = build_specs(config, dataclasses.asdict(spec))
-    on_policy = spec.kind == "rollout"
-    metrics_file = open(metrics_path, "w") if metrics_path else None  # noqa: SIM115
-    control_bind = _binds(config.transport)[1]
-    monitor_box: list[TrainMonitor] = []
-
-    def local(controller_address: str) -> list[Service]:
-        monitor = TrainMonitor(
-            "monitor", stop=config.stop, bind=control_bind, controller=controller_address
-        )
-        monitor_box.append(monitor)
-        return [monitor]
-
-    def until(controller: Controller) -> bool:
-        return bool(monitor_box) and monitor_box[0].done() is not None
-
-    def progress(controller: Controller, elapsed: float) -> None:
-        print(progress_line(controller, monitor_box[0], elapsed), file=out, flush=True)
-        if metrics_file is not None:
-            row = metrics_row(controller, monitor_box[0], elapsed, on_policy)
-            metrics_file.write(json.dumps(row) + "\n")
-            metrics_file.flush()
-
-    launcher = _launcher(backend, config, specs, until, local, progress, balance)
+    plan = RunPlan.build(config, out, metrics_path)
+    launcher = _launcher(backend, plan)
     started = time.monotonic()
+    reason = "failed"
     try:
         with run_token():
-            result = run_local(launcher)
+            reason = run_local(launcher).reason
     finally:
-        if metrics_file is not None:
-            metrics_file.close()
-    wall = time.monotonic() - started
-    summary = summarize(config, launcher.controller, monitor_box[0], wall, on_policy)
-    summary["stop_reason"] = monitor_box[0].done() or result.reason
+        wall = time.monotonic() - started
+        if reason == "failed" and plan._metrics_file is not None:
+            plan._metrics_file.close()
+    summary = plan.finish(launcher.controller, reason, wall, None)
     summary["backend"] = backend
     if summary_path:
         Path(summary_path).write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
 
-def _launcher(
-    backend: str,
-    config: RunConfig,
-    specs: list[ServiceSpec],
-    until: Until,
-    local: Callable[[str], list[Service]],
-    progress: Progress,
-    balance: BalanceConfig | None,
-) -> Launcher:
-    """The launcher of ``backend`` for a training run (checked before anything starts).
+def _launcher(backend: str, plan: RunPlan) -> Launcher:
+    """The launcher of ``backend`` for a planned run (checked before anything starts).
 
     Raises:
         ConfigError: for an unknown backend, Ray missing, or a transport Ray cannot carry.
     """
+    config = plan.config
     control_bind = _binds(config.transport)[1]
     if backend == "local":
         return LocalLauncher(
-            specs,
-            until=until,
+            plan.specs,
+            until=plan.until,
             in_process=config.transport == "inproc",
             controller_bind=control_bind,
-            local_services=local,
-            progress=progress,
+            local_services=plan.local_services(control_bind),
+            progress=plan.progress,
             progress_interval=2.0,
-            balance=balance,
+            balance=plan.balance,
         )
     if backend != "ray":
         raise ConfigError("backend", backend, "local or ray")
@@ -261,13 +321,13 @@ def _launcher(
     from tianji.launch.ray import RayLauncher
 
     return RayLauncher(
-        specs,
-        until=until,
+        plan.specs,
+        until=plan.until,
         controller_bind=control_bind,
-        local_services=local,
-        progress=progress,
+        local_services=plan.local_services(control_bind),
+        progress=plan.progress,
         progress_interval=2.0,
-        balance=balance,
+        balance=plan.balance,
         address=config.ray.address,
         resources=config.ray,
     )
@@ -297,14 +357,35 @@ def _sum(controller: Controller, role_prefix: str, key: str) -> int:
     )
 
 
+def _role(controller: Controller, role: str) -> list[Heartbeat]:
+    """The latest heartbeats of the run's services of ``role``, by name."""
+    beats = controller.heartbeats
+    return [beats[n] for n in sorted(beats) if beats[n].role == role]
+
+
+def _learners(controller: Controller) -> list[Heartbeat]:
+    return _role(controller, "learner")
+
+
+def learner_totals(controller: Controller) -> dict[str, Any]:
+    """Updates (data-parallel learners step together: the most any learner made), samples
+    consumed (the sum), mean policy lag and the first learner's gauges."""
+    beats = _learners(controller)
+    lags = [hb.gauges.get("policy_lag_mean", 0.0) for hb in beats]
+    return {
+        "updates": max((hb.counters.get("learner_updates", 0) for hb in beats), default=0),
+        "consumed": sum(hb.counters.get("samples_consumed", 0) for hb in beats),
+        "lag": sum(lags) / len(lags) if lags else 0.0,
+        "gauges": dict(beats[0].gauges) if beats else {},
+    }
+
+
 def progress_line(controller: Controller, monitor: TrainMonitor, elapsed: float) -> str:
     """One human-readable progress line."""
     mean = monitor.mean_return()
-    learner = controller.heartbeats.get("learner-0")
-    updates = learner.counters.get("learner_updates", 0) if learner else 0
-    lag = learner.gauges.get("policy_lag_mean", 0.0) if learner else 0.0
-    buffer = controller.heartbeats.get("buffer-0")
-    size = buffer.gauges.get("size", 0.0) if buffer else 0.0
+    totals = learner_totals(controller)
+    updates, lag = totals["updates"], totals["lag"]
+    size = sum(hb.gauges.get("size", 0.0) for hb in _role(controller, "buffer"))
     steps = monitor.env_steps
     rate = steps / elapsed if elapsed > 0 else 0.0
     ret = f"{mean:7.1f}" if mean is not None else "      -"
@@ -324,14 +405,17 @@ def metrics_row(
     controller: Controller, monitor: TrainMonitor, elapsed: float, on_policy: bool
 ) -> dict[str, Any]:
     """One row of the run's metrics file (JSON lines)."""
-    learner = controller.heartbeats.get("learner-0")
+    totals = learner_totals(controller)
     return {
         "t": round(elapsed, 3),
+        "unix": round(time.time(), 3),
         "env_steps": monitor.env_steps,
+        "env_steps_by_actor": dict(sorted(monitor.env_steps_by_actor.items())),
         "episodes": monitor.episodes,
         "mean_return": monitor.mean_return(),
-        "learner_updates": learner.counters.get("learner_updates", 0) if learner else 0,
-        "learner": dict(learner.gauges) if learner else {},
+        "learner_updates": totals["updates"],
+        "samples_consumed": totals["consumed"],
+        "learner": totals["gauges"],
         "controller": (
             controller.balancer.metrics(controller.heartbeats) if controller.balancer else None
         ),
@@ -347,8 +431,7 @@ def summarize(
     on_policy: bool = False,
 ) -> dict[str, Any]:
     """The summary JSON of a finished run (see the README for its keys)."""
-    learner = controller.heartbeats.get("learner-0")
-    counters = learner.counters if learner else {}
+    totals = learner_totals(controller)
     env_steps = monitor.env_steps
     return {
         "algorithm": config.algorithm,
@@ -359,14 +442,17 @@ def summarize(
         "envs_per_actor": config.actors.envs_per_actor,
         "transport": config.transport,
         "env_steps": env_steps,
+        "env_steps_by_actor": dict(sorted(monitor.env_steps_by_actor.items())),
         "episodes": monitor.episodes,
-        "learner_updates": counters.get("learner_updates", 0),
+        "learners": config.learner.count,
+        "learner_updates": totals["updates"],
         "wall_s": round(wall, 3),
         "env_steps_per_s": round(env_steps / wall, 1) if wall > 0 else 0.0,
         "startup_s": round(monitor.first_data, 3) if monitor.first_data is not None else None,
         "env_steps_per_s_running": round(monitor.running_rate(), 1),
+        "learner_updates_per_s_running": round(monitor.running_rate(totals["updates"]), 2),
         "samples_produced": _sum(controller, "actor-", "samples_produced"),
-        "samples_consumed": counters.get("samples_consumed", 0),
+        "samples_consumed": totals["consumed"],
         "samples_dropped": dropped_by_reason(controller.heartbeats),
         "final_return": monitor.mean_return(),
         "target_return": config.stop.target_return,
@@ -380,6 +466,13 @@ def summarize(
             controller.balancer.metrics(controller.heartbeats) if controller.balancer else None
         ),
         "accounting": accounting(controller.heartbeats, on_policy),
+        "services": {
+            name: {
+                "role": hb.role,
+                "counters": {k: v for k, v in hb.counters.items() if not k.startswith("lag/")},
+            }
+            for name, hb in sorted(controller.heartbeats.items())
+        },
     }
 
 
@@ -393,6 +486,7 @@ SHORTCUTS = {
     "max_seconds": "stop.max_seconds",
     "target_return": "stop.target_return",
     "mode": "controller.mode",
+    "learners": "learner.count",
     "ray_address": "ray.address",
 }
 
@@ -400,6 +494,31 @@ SHORTCUTS = {
 def add_train_parser(sub: Any) -> None:
     """Add ``tianji train`` to the CLI's subparsers."""
     p = sub.add_parser("train", help="train an algorithm from a TOML run config")
+    add_run_options(p)
+    p.add_argument(
+        "--transport", choices=["inproc", "tcp", "shm"], help="inproc: all services in one process"
+    )
+    p.add_argument(
+        "--token-file",
+        metavar="PATH",
+        help="the run's secret token (default: TIANJI_TOKEN, else a fresh one per run)",
+    )
+    p.add_argument(
+        "--backend",
+        choices=["local", "ray"],
+        default="local",
+        help="local: one process per service here (default); ray: one Ray actor per service",
+    )
+    p.add_argument(
+        "--ray-address", metavar="ADDR", help="Ray cluster to join, e.g. HOST:6379 (ray.address)"
+    )
+    p.set_defaults(func=_cmd_train)
+
+
+def add_run_options(p: Any, *, run: bool = True) -> None:
+    """The config argument and ``--set`` (and with ``run``, the options of a whole run:
+    shortcuts, stop conditions, ``--summary``, ``--metrics``) shared by ``tianji train``,
+    ``tianji controller`` and ``tianji serve``."""
     p.add_argument("config", help="run config (TOML), e.g. examples/cartpole_ppo.toml")
     p.add_argument(
         "--set",
@@ -411,10 +530,15 @@ def add_train_parser(sub: Any) -> None:
     p.add_argument("--env", help="env id (env.id)")
     p.add_argument("--actors", type=int, help="actor processes (actors.count)")
     p.add_argument("--envs-per-actor", type=int, help="envs per actor")
-    p.add_argument(
-        "--transport", choices=["inproc", "tcp", "shm"], help="inproc: all services in one process"
-    )
     p.add_argument("--seed", type=int)
+    p.add_argument(
+        "--mode",
+        choices=["relaxed", "sync", "unbalanced"],
+        help="controller.mode: relaxed (default), sync (baseline) or unbalanced (no limits)",
+    )
+    p.add_argument("--learners", type=int, help="data-parallel learners (learner.count)")
+    if not run:
+        return
     p.add_argument("--max-env-steps", type=int)
     p.add_argument("--max-seconds", type=float)
     p.add_argument(
@@ -422,48 +546,34 @@ def add_train_parser(sub: Any) -> None:
         type=float,
         help="stop when the mean return of the last 20 episodes reaches this",
     )
-    p.add_argument(
-        "--mode",
-        choices=["relaxed", "sync", "unbalanced"],
-        help="controller.mode: relaxed (default), sync (baseline) or unbalanced (no limits)",
-    )
-    p.add_argument(
-        "--backend",
-        choices=["local", "ray"],
-        default="local",
-        help="local: one process per service here (default); ray: one Ray actor per service",
-    )
-    p.add_argument(
-        "--ray-address", metavar="ADDR", help="Ray cluster to join, e.g. HOST:6379 (ray.address)"
-    )
     p.add_argument("--summary", metavar="PATH", help="write the summary JSON here")
-    p.add_argument(
-        "--token-file",
-        metavar="PATH",
-        help="the run's secret token (default: TIANJI_TOKEN, else a fresh one per run)",
-    )
     p.add_argument(
         "--metrics", metavar="PATH", help="write one JSON line of metrics every 2 s here"
     )
-    p.set_defaults(func=_cmd_train)
 
 
-def _cmd_train(args: Any) -> int:
+def config_from_args(args: Any) -> RunConfig:
+    """The run config from ``add_run_options`` arguments (shortcuts become ``--set``)."""
     from tianji.config import load_config
 
     overrides = list(args.set)
     for attr, key in SHORTCUTS.items():
-        value = getattr(args, attr)
+        value = getattr(args, attr, None)
         if value is not None:
             overrides.append(f"{key}={json.dumps(value)}")
-    config = load_config(args.config, overrides)
+    return load_config(args.config, overrides)
+
+
+def _cmd_train(args: Any) -> int:
+    config = config_from_args(args)
     if args.token_file:
         from tianji.transports._auth import load_token
 
         os.environ["TIANJI_TOKEN"] = load_token(args.token_file)
     print(
         f"tianji train: {config.algorithm} on {config.env.id}, {config.actors.count} actors x "
-        f"{config.actors.envs_per_actor} envs, transport {config.transport}, seed {config.seed}, "
+        f"{config.actors.envs_per_actor} envs, {config.learner.count} learner(s), "
+        f"transport {config.transport}, seed {config.seed}, "
         f"controller {config.controller.mode}, backend {args.backend}",
         flush=True,
     )

@@ -22,6 +22,7 @@ from typing import cast
 
 from tianji.transports._auth import Handshake, token_from_env
 from tianji.transports._framing import GOODBYE, PREAMBLE, FrameParser, encode_prefix
+from tianji.transports._tls import TlsFiles, client_context, server_context, tls_from_env
 
 from tianji.core import ConnectionStatistics, Frames, Limits
 from tianji.errors import BadFrame, BrokenByPeer, ClosedByUs, EndOfStream, TianjiError, WouldBlock
@@ -33,7 +34,8 @@ log = logging.getLogger(__name__)
 _LARGE = 16 << 10  # frames this big are written as memoryviews, not copied into the cork
 _CORK_LIMIT = 256 << 10  # corked bytes are flushed at once beyond this
 CLOSE_TIMEOUT = 10.0  # how long aclose waits for the peer to read everything and close
-HANDSHAKE_TIMEOUT = 10.0  # a peer that has not proved the token by then is dropped
+HANDSHAKE_TIMEOUT = 30.0  # a peer that has not proved the token by then is dropped (generous: a
+# starting process on a loaded machine can take seconds to answer)
 
 
 def parse_tcp_address(address: str) -> tuple[str, int]:
@@ -373,9 +375,12 @@ class TcpListener:
             if proto.transport is not None:
                 proto.transport.abort()
 
-    async def _start(self, host: str, port: int) -> None:
+    async def _start(self, host: str, port: int, tls: TlsFiles | None = None) -> None:
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(self._protocol, host, port, reuse_address=True)
+        ctx = server_context(tls) if tls is not None else None
+        self._server = await loop.create_server(
+            self._protocol, host, port, reuse_address=True, ssl=ctx
+        )
         sockname = self._server.sockets[0].getsockname()
         self._address = format_tcp_address(str(sockname[0]), int(sockname[1]))
 
@@ -405,13 +410,24 @@ class TcpTransport:
         backlog: accepted connections waiting for :meth:`TcpListener.accept`.
         token: the run token; ``None`` reads ``TIANJI_TOKEN`` at each listen/connect
             (unset: no token is required, and peers that require one refuse us).
+        tls: certificate, key and CA for mutual TLS (:mod:`tianji.transports._tls`);
+            ``None`` reads ``TIANJI_TLS_*`` at each listen/connect (unset: plain TCP).
     """
 
     scheme = "tcp"
 
-    def __init__(self, backlog: int = 256, token: bytes | str | None = None) -> None:
+    def __init__(
+        self,
+        backlog: int = 256,
+        token: bytes | str | None = None,
+        tls: TlsFiles | None = None,
+    ) -> None:
         self.backlog = backlog
         self.token = token.encode() if isinstance(token, str) else token
+        self.tls = tls
+
+    def _tls(self) -> TlsFiles | None:
+        return self.tls if self.tls is not None else tls_from_env()
 
     def _token(self) -> bytes | None:
         return self.token if self.token is not None else token_from_env()
@@ -419,16 +435,22 @@ class TcpTransport:
     async def listen(self, address: str, *, limits: Limits) -> TcpListener:
         host, port = parse_tcp_address(address)
         listener = TcpListener(limits, self.backlog, self._token())
-        await listener._start(host, port)
+        await listener._start(host, port, self._tls())
         return listener
 
     async def connect(self, address: str, *, limits: Limits) -> TcpConnection:
         host, port = parse_tcp_address(address)
         loop = asyncio.get_running_loop()
         token = self._token()
+        tls = self._tls()
+        ctx = client_context(tls) if tls is not None else None
         try:
             _, proto = await loop.create_connection(
-                lambda: _StreamProtocol(limits, address, "client", token), host, port
+                lambda: _StreamProtocol(limits, address, "client", token),
+                host,
+                port,
+                ssl=ctx,
+                server_hostname=host if ctx is not None else None,
             )
         except OSError as exc:
             raise BrokenByPeer(address, f"connect failed: {exc.strerror or exc}") from exc

@@ -13,8 +13,9 @@ Placement and addresses:
 - With a local Ray instance (none running: one is started for the run and shut down
   after it) or a cluster whose nodes are all this host, everything binds ``127.0.0.1``.
 - With a cluster spanning hosts, the controller binds this host's node IP and each
-  service binds its node's IP, so the addresses they register are reachable from every
-  node. Services need ``tcp://`` (shm reaches one host, inproc one process).
+  service binds ``0.0.0.0`` and advertises its node's IP, so the addresses they register
+  are reachable from every node. Services need ``tcp://`` (shm reaches one host, inproc
+  one process).
 
 A dead actor (``ray.kill``, a crashed worker, a lost node) ends the run like a dead child
 process: the others are stopped and :class:`~tianji.errors.ServiceFailed` names it. Ray
@@ -116,7 +117,7 @@ class ServiceActor:
             format=f"%(asctime)s {spec.name} %(levelname)s %(name)s: %(message)s",
         )
         try:
-            run(_serve(self, build_service(_bind_on_node(spec))))
+            run(_serve(self, build_service(_advertise_node(spec))))
         except Exception:
             log.exception("service %s failed", spec.name)
             return 1
@@ -147,15 +148,12 @@ async def _serve(actor: ServiceActor, service: Service) -> None:
     await service.run()
 
 
-def _bind_on_node(spec: ServiceSpec) -> ServiceSpec:
-    """A spec binding ``0.0.0.0`` binds this node's IP instead, so the address the service
+def _advertise_node(spec: ServiceSpec) -> ServiceSpec:
+    """A spec binding ``0.0.0.0`` advertises this node's IP, so the address the service
     registers is the one other nodes reach it at."""
-    if not spec.bind.startswith("tcp://0.0.0.0:"):
+    if not spec.bind.startswith("tcp://0.0.0.0:") or spec.advertise:
         return spec
-    ray = import_ray()
-    # HOOK(advertise): once ServiceSpec.advertise is on main, keep the 0.0.0.0 bind and set
-    # advertise=ray.util.get_node_ip_address() instead of binding the node IP.
-    return dataclasses.replace(spec, bind=_with_host(spec.bind, ray.util.get_node_ip_address()))
+    return dataclasses.replace(spec, advertise=import_ray().util.get_node_ip_address())
 
 
 class _RayActor:

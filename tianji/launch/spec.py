@@ -27,6 +27,8 @@ class ServiceSpec:
         options: JSON-serializable keyword arguments for the factory.
         bind: listen address of the service (port 0 picks a free port).
         controller: the controller address (the launcher fills it in).
+        advertise: the host registered in place of the bind host (``""``: the bind host).
+        local_bind: a second listener for services on the same host (``""``: none).
     """
 
     name: str
@@ -34,6 +36,8 @@ class ServiceSpec:
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
     bind: str = "tcp://127.0.0.1:0"
     controller: str = ""
+    advertise: str = ""
+    local_bind: str = ""
 
     def __post_init__(self) -> None:
         if not self.name or "/" in self.name:
@@ -92,9 +96,18 @@ def build_service(spec: ServiceSpec) -> Service:
         ConfigError: if the factory is unknown, rejects the options or builds no Service.
     """
     factory = load_factory(spec.factory)
+    placement: dict[str, Any] = {}
+    if spec.advertise:
+        placement["advertise"] = spec.advertise
+    if spec.local_bind:
+        placement["local_bind"] = spec.local_bind
     try:
         service = factory(
-            spec.name, bind=spec.bind, controller=spec.controller or None, **spec.options
+            spec.name,
+            bind=spec.bind,
+            controller=spec.controller or None,
+            **placement,
+            **spec.options,
         )
     except TypeError as exc:
         raise ConfigError(

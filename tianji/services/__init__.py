@@ -11,6 +11,7 @@ from tianji.events import (
     ActionsComputed,
     BatchRequested,
     EpisodesFinished,
+    GradientsShared,
     ObservationsReady,
     ParamsPublished,
     PrioritiesUpdated,
@@ -22,7 +23,14 @@ from tianji.events import (
 __all__ = [
     "OBSERVATIONS",
     "actions_topic",
-    "BATCHES",
+    "batches_topic",
+    "buffer_name",
+    "learners_of_shard",
+    "priorities_topic",
+    "shards_of_learner",
+    "trajectories_topic",
+    "gradients_topic",
+    "learner_name",
     "EPISODES",
     "LATEST_PARAMS",
     "LEARNER_PARAMS",
@@ -41,8 +49,6 @@ LATEST_PARAMS = topic(ParamsPublished, "latest")
 """Params service -> actors: the latest weights, sent at once to every new subscriber."""
 REQUESTS = topic(BatchRequested)
 """Learner -> buffer: credit for more sample batches."""
-BATCHES = topic(SampleBatch)
-"""Buffer -> learner: sample batches."""
 PRIORITIES = topic(PrioritiesUpdated)
 """Learner -> buffer: new priorities for prioritized replay."""
 OBSERVATIONS = topic(ObservationsReady)
@@ -52,3 +58,47 @@ OBSERVATIONS = topic(ObservationsReady)
 def actions_topic(actor: str) -> str:
     """Inference service -> one actor: the actions for its requests."""
     return topic(ActionsComputed, actor)
+
+
+def batches_topic(learner: str) -> str:
+    """Buffer -> one learner: the sample batches it asked for."""
+    return topic(SampleBatch, learner)
+
+
+def gradients_topic(learner: str) -> str:
+    """One data-parallel learner -> its peers: its gradient of every all-reduce step."""
+    return topic(GradientsShared, learner)
+
+
+def learner_name(index: int) -> str:
+    """The service name of data-parallel learner ``index`` (``learner-0`` publishes weights)."""
+    return f"learner-{index}"
+
+
+def buffer_name(shard: int) -> str:
+    """The service name of buffer shard ``shard``."""
+    return f"buffer-{shard}"
+
+
+def trajectories_topic(shard: int, shards: int) -> str:
+    """Actors -> buffer shard: ``TRAJECTORIES`` itself when there is one shard."""
+    return TRAJECTORIES if shards == 1 else topic(TrajectoryCollected, buffer_name(shard))
+
+
+def priorities_topic(shard: int, shards: int) -> str:
+    """Learners -> buffer shard: new priorities for the slots that shard handed out."""
+    return PRIORITIES if shards == 1 else topic(PrioritiesUpdated, buffer_name(shard))
+
+
+def shards_of_learner(learner: int, learners: int, shards: int) -> list[int]:
+    """The buffer shards learner ``learner`` of ``learners`` samples from: every shard
+    ``s`` with ``s % learners == learner`` when there are at least as many shards as
+    learners, else shard ``learner % shards`` (shared with other learners)."""
+    if shards >= learners:
+        return [s for s in range(shards) if s % learners == learner]
+    return [learner % shards]
+
+
+def learners_of_shard(shard: int, learners: int, shards: int) -> list[int]:
+    """The learners shard ``shard`` serves (the inverse of :func:`shards_of_learner`)."""
+    return [j for j in range(learners) if shard in shards_of_learner(j, learners, shards)]

@@ -22,7 +22,13 @@ from tianji.events import (
     TrajectoryCollected,
 )
 from tianji.service import Service
-from tianji.services import EPISODES, LATEST_PARAMS, OBSERVATIONS, TRAJECTORIES, actions_topic
+from tianji.services import (
+    EPISODES,
+    LATEST_PARAMS,
+    OBSERVATIONS,
+    actions_topic,
+    trajectories_topic,
+)
 from tianji.services.common import (
     apply_run_options,
     make_algorithm,
@@ -100,8 +106,11 @@ class ActorService(Service):
     role = "actor"
 
     def __init__(self, name: str, *, config: dict[str, Any], index: int, **kwargs: Any) -> None:
-        super().__init__(name, publishes=[TRAJECTORIES, EPISODES, OBSERVATIONS], **kwargs)
-        self.config = parse_run_config(config)
+        run = parse_run_config(config)
+        shards = run.buffer.shards
+        self.trajectories = trajectories_topic(index % shards, shards)  # this actor's shard
+        super().__init__(name, publishes=[self.trajectories, EPISODES, OBSERVATIONS], **kwargs)
+        self.config = run
         apply_run_options(self, self.config)
         self.index = index
         self.seed = self.config.seed + 1000 * (index + 1)
@@ -216,7 +225,7 @@ class ActorService(Service):
         envs = make_vector_env(self.config.env, actors.envs_per_actor)
         collector = FragmentCollector(envs, actors.fragment_length, self.seed)
         await self._have_params.wait()  # act with the learner's weights, never our own init
-        await self.wait_subscribers(TRAJECTORIES)
+        await self.wait_subscribers(self.trajectories)
         if self.remote:
             await self.wait_subscribers(OBSERVATIONS)
         act = self._act_remote if self.remote else self._act_local
@@ -234,7 +243,7 @@ class ActorService(Service):
                 self.counters["episodes"] += len(returns)
                 delivered = await self.publish(
                     TrajectoryCollected(actor=self.name, policy_version=version, arrays=samples),
-                    TRAJECTORIES,
+                    self.trajectories,
                 )
                 if not delivered:  # no buffer connected right now: lost, and counted
                     self.counters["dropped/unsent"] += produced

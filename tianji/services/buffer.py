@@ -2,22 +2,33 @@
 
 Pure sampling logic lives in :mod:`tianji.buffers`; this shell moves events. It never
 sends a batch the learner did not ask for (cumulative credit from :class:`BatchRequested`),
-so the learner's bounded queue is never overrun; on-policy fragments older than
-``max_policy_lag`` versions are dropped (counted as ``dropped/stale``).
+so the learner's bounded queue is never overrun; with several learners each gets the
+batches it asked for on its own topic, the one served least so far first. On-policy
+fragments older than ``max_policy_lag`` versions are dropped (counted as ``dropped/stale``).
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from tianji.buffers import RolloutBuffer, make_buffer
-from tianji.core import BufferSpec
+from tianji.core import BufferSpec, Connection
+from tianji.errors import ConfigError
 from tianji.events import BatchRequested, PrioritiesUpdated, SampleBatch, TrajectoryCollected
 from tianji.service import Service
-from tianji.services import BATCHES, PRIORITIES, REQUESTS, TRAJECTORIES
+from tianji.services import (
+    REQUESTS,
+    batches_topic,
+    buffer_name,
+    learner_name,
+    learners_of_shard,
+    priorities_topic,
+    trajectories_topic,
+)
 from tianji.services.common import apply_run_options, parse_run_config, transitions
 
 __all__ = ["BufferService"]
@@ -35,21 +46,36 @@ class BufferService(Service):
     role = "buffer"
 
     def __init__(
-        self, name: str, *, config: dict[str, Any], buffer_spec: dict[str, Any], **kwargs: Any
+        self,
+        name: str,
+        *,
+        config: dict[str, Any],
+        buffer_spec: dict[str, Any],
+        index: int = 0,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(name, publishes=[BATCHES], **kwargs)
-        self.config = parse_run_config(config)
+        run = parse_run_config(config)
+        shards = run.buffer.shards
+        if not 0 <= index < shards or name != buffer_name(index):
+            raise ConfigError("buffer", name, f"buffer-<index> with index in [0, {shards})")
+        self.index = index
+        self.learners = {
+            learner_name(j) for j in learners_of_shard(index, run.learner.count, shards)
+        }
+        topics = [batches_topic(n) for n in sorted(self.learners)]
+        super().__init__(name, publishes=topics, **kwargs)
+        self.config = run
         apply_run_options(self, self.config)
         self.drop_stale = self.config.controller.mode != "unbalanced"
         self.spec = BufferSpec(**buffer_spec)
-        self.buffer = make_buffer(self.spec, seed=self.config.seed)
+        self.buffer = make_buffer(self.spec, seed=self.config.seed + 7919 * index)
         self.requested: dict[str, int] = {}  # cumulative batches each learner asked for
         self.sent: dict[str, int] = {}  # ... and were sent (credit = requested - sent)
         self.learner_version = 0
         self._ids = itertools.count()
-        self.subscribe(TRAJECTORIES, self.on_trajectory)
+        self.subscribe(trajectories_topic(index, shards), self.on_trajectory)
         self.subscribe(REQUESTS, self.on_request_batches)
-        self.subscribe(PRIORITIES, self.on_priorities)
+        self.subscribe(priorities_topic(index, shards), self.on_priorities)
 
     async def on_trajectory(self, ev: TrajectoryCollected) -> None:
         steps = transitions(ev.arrays)
@@ -65,6 +91,8 @@ class BufferService(Service):
         return sum(self.requested.values()) - sum(self.sent.values())
 
     async def on_request_batches(self, ev: BatchRequested) -> None:
+        if ev.learner not in self.learners or ev.buffer not in ("", self.name):
+            return  # credit for another shard
         before = self.requested.get(ev.learner, 0)
         if ev.count < before:  # counting from 0 again: a restarted learner
             self.sent[ev.learner] = 0
@@ -80,8 +108,21 @@ class BufferService(Service):
         ignored = update(ev.indices, ev.priorities)
         self.counters["priorities_stale"] += int(ignored)
 
+    async def on_subscribed(self, conn: Connection, topics: Sequence[str]) -> None:
+        await self._serve()  # a learner that asked before its subscription was wired
+
+    def _next_learner(self) -> str | None:
+        """The least served learner with credit that is subscribed to its batches now (a
+        batch published before its subscription is wired would be lost)."""
+        waiting = [
+            n
+            for n, count in self.requested.items()
+            if count > self.sent.get(n, 0) and self.subscriber_count(batches_topic(n)) > 0
+        ]
+        return min(waiting, key=lambda n: self.sent.get(n, 0), default=None)
+
     async def _serve(self) -> None:
-        while self.credit > 0:
+        while (learner := self._next_learner()) is not None:
             self._drop_stale()
             batch = self.buffer.sample(self.spec.batch_size)
             if batch is None:
@@ -89,7 +130,6 @@ class BufferService(Service):
             versions = batch.pop("policy_version").astype(np.int64)
             if isinstance(self.buffer, RolloutBuffer):  # per env column -> per transition
                 versions = np.tile(versions, next(iter(batch.values())).shape[0])
-            learner = next(n for n in self.requested if self.requested[n] > self.sent.get(n, 0))
             self.sent[learner] = self.sent.get(learner, 0) + 1
             self.counters["batches_sent"] += 1
             if isinstance(self.buffer, RolloutBuffer):  # taken out of the buffer
@@ -101,8 +141,9 @@ class BufferService(Service):
                     policy_version=self.learner_version,
                     arrays=batch,
                     policy_versions=versions,
+                    buffer=self.name,
                 ),
-                BATCHES,
+                batches_topic(learner),
             )
 
     def _drop_stale(self) -> None:

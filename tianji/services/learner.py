@@ -3,16 +3,24 @@
 Updates run in a worker thread (``asyncio.to_thread``) so heartbeats and control
 commands keep flowing during a long update. It measures the policy lag of every sample
 it consumes (learner version at consumption minus the sample's behaviour version).
+
+With ``learner.count = K > 1`` there are K data-parallel learners ``learner-0..K-1``:
+each asks the buffer for its own batches, and they average their gradients at every
+optimizer step (:mod:`tianji.services.allreduce`), so all hold identical weights;
+only ``learner-0`` publishes them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 from typing import Any
 
 import numpy as np
 
 from tianji.balance import LagStats
+from tianji.core import SupportsGradientSync
+from tianji.errors import ConfigError, SyncFailed
 from tianji.events import (
     BatchRequested,
     ConsumptionGranted,
@@ -22,29 +30,59 @@ from tianji.events import (
     SampleBatch,
 )
 from tianji.service import Service
-from tianji.services import BATCHES, LEARNER_PARAMS, PRIORITIES, REQUESTS
+from tianji.services import (
+    LEARNER_PARAMS,
+    REQUESTS,
+    batches_topic,
+    buffer_name,
+    gradients_topic,
+    learner_name,
+    priorities_topic,
+    shards_of_learner,
+)
+from tianji.services.allreduce import AllReduce, weights_digest
 from tianji.services.common import apply_run_options, make_algorithm, parse_run_config
 
 __all__ = ["LagStats", "LearnerService"]
 
 
 class LearnerService(Service):
-    """The learner process (one per run in this version).
+    """One learner process (``index`` of ``learner.count``; see the module docstring).
 
     It consumes only what the controller grants (:class:`ConsumptionGranted`: a limit on
     its cumulative ``samples_consumed``; unlimited until the first grant), so an
     off-policy learner that runs ahead of the actors waits for data.
+
+    Raises:
+        ConfigError: for an ``index`` outside ``learner.count``, a name other than
+            ``learner-<index>`` or an algorithm without ``gradient_sync`` when K > 1.
     """
 
     role = "learner"
 
-    def __init__(self, name: str, *, config: dict[str, Any], **kwargs: Any) -> None:
-        super().__init__(name, publishes=[LEARNER_PARAMS, REQUESTS, PRIORITIES], **kwargs)
-        self.config = parse_run_config(config)
+    def __init__(self, name: str, *, config: dict[str, Any], index: int = 0, **kwargs: Any) -> None:
+        run = parse_run_config(config)
+        count = run.learner.count
+        shards = run.buffer.shards
+        self.shards = [buffer_name(s) for s in shards_of_learner(index, count, shards)]
+        self._priorities = {
+            buffer_name(s): priorities_topic(s, shards)
+            for s in shards_of_learner(index, count, shards)
+        }
+        topics = [REQUESTS, *sorted(set(self._priorities.values()))]
+        topics += [LEARNER_PARAMS] if index == 0 else []
+        if count > 1:
+            topics.append(gradients_topic(name))
+        super().__init__(name, publishes=topics, **kwargs)
+        self.config = run
+        self.index = index
         apply_run_options(self, self.config)
+        # Every learner is built from the run's seed: identical initial weights (checked
+        # at the first all-reduce step).
         self.algo = make_algorithm(
             self.config, seed=self.config.seed, device=self.config.learner.device
         )
+        self.allreduce = self._make_allreduce(name, index, count)
         self.version = 0
         self.on_policy = self.algo.buffer_spec().kind == "rollout"
         self.bound_lag = self.on_policy and self.config.controller.mode != "unbalanced"
@@ -55,10 +93,55 @@ class LearnerService(Service):
         self._closing = False
         self._batches: asyncio.Queue[SampleBatch] = asyncio.Queue(self.config.learner.prefetch)
         self.requested = 0  # batches asked for since start (the cumulative credit we sent)
+        self.requested_from = dict.fromkeys(self.shards, 0)  # ... per buffer shard
         self._held = 0  # samples received and not yet consumed or dropped (queued, training)
         self.gauges["held_samples"] = 0.0
         self.gauges["waiting_s"] = 0.0
-        self.subscribe(BATCHES, self.on_batch)
+        self.subscribe(batches_topic(name), self.on_batch)
+
+    def _make_allreduce(self, name: str, index: int, count: int) -> AllReduce | None:
+        if not 0 <= index < count:
+            raise ConfigError("learner index", index, f"in [0, learner.count={count})")
+        if count == 1:
+            return None
+        if name != learner_name(index):
+            raise ConfigError("learner name", name, f"{learner_name(index)!r} (index {index})")
+        if not isinstance(self.algo, SupportsGradientSync):
+            raise ConfigError(
+                "learner.count",
+                count,
+                f"1: algorithm {self.config.algorithm!r} has no gradient_sync",
+            )
+        allreduce = AllReduce(
+            name,
+            index=index,
+            count=count,
+            publish=lambda ev: self.publish(ev, gradients_topic(name)),
+            timeout=self.config.learner.sync_timeout,
+            counters=self.counters,
+        )
+        for peer in allreduce.peers.values():
+            self.subscribe(gradients_topic(peer), allreduce.received)
+        return allreduce
+
+    def _install_gradient_sync(self, allreduce: AllReduce) -> None:
+        """Give the algorithm a hook that runs each all-reduce step on the event loop and
+        blocks the update's worker thread until it is done (bounded: the step times out)."""
+        loop = asyncio.get_running_loop()
+        bound = self.config.learner.sync_timeout + 10.0
+
+        def sync(flat: np.ndarray) -> np.ndarray:
+            digest = weights_digest(self.algo.get_weights()) if allreduce.wants_digest() else ""
+            future = asyncio.run_coroutine_threadsafe(allreduce.reduce(flat, digest), loop)
+            try:
+                return future.result(bound)
+            except concurrent.futures.TimeoutError:
+                future.cancel()
+                raise SyncFailed(
+                    self.name, allreduce.step, [], "event loop did not answer"
+                ) from None
+
+        self.algo.gradient_sync = sync
 
     async def on_batch(self, ev: SampleBatch) -> None:
         self.counters["samples_received"] += int(ev.policy_versions.size)
@@ -112,16 +195,22 @@ class LearnerService(Service):
         import torch
 
         torch.set_num_threads(self.config.learner.torch_threads)
-        await self.wait_subscribers(LEARNER_PARAMS)  # the params service
-        await self._publish_weights()
+        if self.index == 0:
+            await self.wait_subscribers(LEARNER_PARAMS)  # the params service
+            await self._publish_weights()
         self.report_soon()  # the controller balances on our version from the start
-        await self.wait_subscribers(REQUESTS)  # the buffer
+        if self.allreduce is not None:
+            self._install_gradient_sync(self.allreduce)
+            await self.wait_subscribers(gradients_topic(self.name), self.allreduce.count - 1)
+        await self.wait_subscribers(REQUESTS, self.config.buffer.shards)  # every buffer
         await self._request(self.config.learner.prefetch)
         try:
             while True:
                 self._current = await self._next_batch()
                 await self._learn(self._current)
                 self._current = None
+        except SyncFailed as exc:
+            self.fail(str(exc))
         finally:
             self._closing = True
             queued = [self._batches.get_nowait() for _ in range(self._batches.qsize())]
@@ -142,9 +231,20 @@ class LearnerService(Service):
     REPEAT_S = 2.0
 
     async def _request(self, more: int) -> None:
-        self.requested += more
-        ev = BatchRequested(learner=self.name, count=self.requested, learner_version=self.version)
-        await self.publish(ev, REQUESTS)
+        """Ask for ``more`` batches (0: repeat the cumulative credit), spread round-robin
+        over this learner's buffer shards; one cumulative count per shard."""
+        for _ in range(more):
+            shard = self.shards[self.requested % len(self.shards)]
+            self.requested_from[shard] += 1
+            self.requested += 1
+        for shard, count in self.requested_from.items():
+            ev = BatchRequested(
+                learner=self.name,
+                count=count,
+                learner_version=self.version,
+                buffer=shard if self.config.buffer.shards > 1 else "",
+            )
+            await self.publish(ev, REQUESTS)
 
     async def _learn(self, batch: SampleBatch) -> None:
         n = int(batch.policy_versions.size)
@@ -152,6 +252,8 @@ class LearnerService(Service):
         lags = self.version - batch.policy_versions
         if self.bound_lag and lags.size and int(lags.max()) > self.config.learner.max_policy_lag:
             # Went stale in flight (the buffer checked against an older learner version).
+            # With K learners this takes no all-reduce step: the peers wait at the next
+            # step until this learner has a fresh batch, so the step numbers never diverge.
             self.counters["dropped/stale"] += int(lags.size)
             self._release_held(n)
             await self._request(1)
@@ -167,6 +269,9 @@ class LearnerService(Service):
             self.counters[key] = count
         self.gauges.update(result.metrics)
         self.gauges["policy_lag_mean"] = float(lags.mean()) if n else 0.0
+        if self.allreduce is not None:
+            self.gauges["allreduce_wait_s"] = self.allreduce.wait_s
+            self.counters["allreduce/steps"] = self.allreduce.step
         self.report_soon()
         await self._request(1)
         if result.priorities is not None and "index" in batch.arrays:
@@ -176,7 +281,7 @@ class LearnerService(Service):
                     indices=batch.arrays["index"],
                     priorities=np.asarray(result.priorities, np.float32),
                 ),
-                PRIORITIES,
+                self._priorities.get(batch.buffer, self._priorities[self.shards[0]]),
             )
-        if self.version % self.config.learner.publish_interval == 0:
+        if self.index == 0 and self.version % self.config.learner.publish_interval == 0:
             await self._publish_weights()

@@ -1,0 +1,88 @@
+"""Sharded buffers: actor i feeds shard i % S, each learner samples from its own shards."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.test_train_cli import EXAMPLES, train
+from tianji.balance import _min_replay_total
+from tianji.config import load_config
+from tianji.errors import ConfigError
+from tianji.services import learners_of_shard, shards_of_learner
+
+
+@pytest.mark.parametrize("shards", [1, 2, 3, 4])
+@pytest.mark.parametrize("learners", [1, 2, 3, 4])
+def test_every_shard_has_a_learner_and_every_learner_a_shard(shards: int, learners: int) -> None:
+    served = [shards_of_learner(j, learners, shards) for j in range(learners)]
+    assert all(served), served
+    assert {s for mine in served for s in mine} == set(range(shards))
+    for s in range(shards):
+        assert learners_of_shard(s, learners, shards) == [
+            j for j in range(learners) if s in served[j]
+        ]
+    if shards >= learners:  # each shard has exactly one learner: no shard is shared
+        assert sorted(s for mine in served for s in mine) == list(range(shards))
+
+
+def test_shards_need_an_actor_each_and_no_sync_mode() -> None:
+    ppo = str(EXAMPLES / "cartpole_ppo.toml")
+    with pytest.raises(ConfigError, match=r"buffer\.shards.*actors\.count=2"):
+        load_config(ppo, ["buffer.shards=3"])
+    with pytest.raises(ConfigError, match="sync"):
+        load_config(ppo, ["buffer.shards=2", "controller.mode='sync'"])
+    with pytest.raises(ConfigError, match=r"buffer\.shards"):
+        load_config(ppo, ["buffer.shards=0"])
+
+
+def test_replay_waits_until_the_smallest_shard_can_sample() -> None:
+    dqn = str(EXAMPLES / "cartpole_dqn.toml")
+    assert _min_replay_total(load_config(dqn, []), 1000) == 1000
+    assert _min_replay_total(load_config(dqn, ["buffer.shards=2"]), 1000) == 2000
+    three = load_config(dqn, ["actors.count=3", "buffer.shards=2"])  # shards get 2 and 1 actors
+    assert _min_replay_total(three, 1000) == 4000
+
+
+def run(tmp_path: Path, config: str, *args: str) -> dict[str, object]:
+    out = tmp_path / "summary.json"
+    proc = train(str(EXAMPLES / config), "--summary", str(out), *args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary: dict[str, object] = json.loads(out.read_text())
+    return summary
+
+
+@pytest.mark.slow
+def test_two_learners_on_two_shards_train_ppo(tmp_path: Path) -> None:
+    s = run(tmp_path, "cartpole_ppo.toml", "--set", "buffer.shards=2", "--learners", "2",
+            "--target-return", "150", "--max-seconds", "150")  # fmt: skip
+    assert s["stop_reason"] == "target_return reached", s["stop_reason"]
+    services = s["services"]
+    assert isinstance(services, dict)
+    for shard in ("buffer-0", "buffer-1"):  # both shards took fragments and served batches
+        counters = services[shard]["counters"]
+        assert counters["samples_inserted"] > 0 and counters["batches_sent"] > 0, counters
+    for learner in ("learner-0", "learner-1"):
+        assert services[learner]["counters"]["samples_consumed"] > 0
+    assert s["accounting"]["balanced"], s["accounting"]  # type: ignore[index]
+
+
+@pytest.mark.slow
+def test_one_learner_samples_two_prioritized_shards_and_returns_their_priorities(
+    tmp_path: Path,
+) -> None:
+    s = run(tmp_path, "cartpole_dqn.toml", "--set", "buffer.shards=2",
+            "--set", "algo.prioritized=true", "--set", "algo.learning_starts=200",
+            "--max-env-steps", "8000",
+            "--max-seconds", "120")  # fmt: skip
+    services = s["services"]
+    assert isinstance(services, dict)
+    for shard in ("buffer-0", "buffer-1"):
+        counters = services[shard]["counters"]
+        assert counters["batches_sent"] > 0, counters
+        assert counters.get("priorities_ignored", 0) == 0  # priorities came back to their shard
+    consumed = services["learner-0"]["counters"]["samples_consumed"]
+    assert consumed > 0
+    assert s["accounting"]["balanced"], s["accounting"]  # type: ignore[index]

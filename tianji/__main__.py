@@ -1,0 +1,7 @@
+"""``python -m tianji`` is the ``tianji`` command."""
+
+import sys
+
+from tianji.cli import main
+
+sys.exit(main())

@@ -1,0 +1,287 @@
+"""``tianji controller`` and ``tianji serve``: one run's services started by hand on hosts.
+
+On one host::
+
+    export TIANJI_TOKEN=...            # the same secret on every host (or --token-file)
+    tianji controller examples/cartpole_dqn.toml --bind tcp://0.0.0.0:7000 --advertise 10.0.0.1
+
+and for every service of the run (``learner-0``, ``buffer-0``, ``params-0``, ``actor-I``),
+on any host::
+
+    tianji serve actor examples/cartpole_dqn.toml --controller tcp://10.0.0.1:7000 \\
+        --index 1 --bind tcp://0.0.0.0:0 --advertise 10.0.0.3
+
+Every service registers its TCP address and, where the shared-memory transport exists, a
+second shared-memory listener; the controller hands each subscriber the shared-memory
+address of publishers on its own host (same host and network namespace) and the TCP
+address of the others. The controller refuses a service whose config differs from its
+own (a digest of the run config, stop conditions aside).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import ipaddress
+import json
+import os
+import signal
+import sys
+import time
+from typing import Any, TextIO
+
+from tianji import transports
+from tianji.config import RunConfig, to_dict
+from tianji.errors import ConfigError, ServiceFailed
+from tianji.launch.hosts import HostLauncher
+from tianji.launch.local import run_local
+from tianji.launch.spec import build_service
+from tianji.runtime import run
+from tianji.service import Service
+from tianji.training import RunPlan, add_run_options, config_from_args
+
+__all__ = ["config_digest", "run_controller", "serve", "serve_spec"]
+
+REFUSED = "refused:"  # the start of a Shutdown reason the controller gives a bad joiner
+
+
+def config_digest(config: RunConfig) -> str:
+    """What must be equal between the controller's and every service's config."""
+    data = to_dict(config)
+    data.pop("stop", None)  # only the controller decides when to stop
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _host_of(address: str) -> str:
+    scheme, rest = transports.split_address(address)
+    if scheme != "tcp":
+        raise ConfigError("--bind", address, "a tcp://HOST:PORT address")
+    host, sep, port = rest.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ConfigError("--bind", address, "a tcp://HOST:PORT address")
+    return host.strip("[]")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _add_security_options(p: Any) -> None:
+    p.add_argument("--token-file", metavar="PATH", help="the run's token (else TIANJI_TOKEN)")
+    p.add_argument("--tls-cert", metavar="PEM", help="this host's certificate (mutual TLS)")
+    p.add_argument("--tls-key", metavar="PEM", help="its private key")
+    p.add_argument("--tls-ca", metavar="PEM", help="the run's CA certificate")
+
+
+def apply_security_options(args: Any) -> None:
+    """Token and TLS files from the command line into the environment the transports
+    read (``TIANJI_TOKEN``, ``TIANJI_TLS_*``), checked now.
+
+    Raises:
+        ConfigError: for an unreadable token file, a partial TLS setting or a missing file.
+    """
+    from tianji.transports._tls import ENV, tls_from_env
+
+    for key, var in ENV.items():
+        value = getattr(args, f"tls_{key}", None)
+        if value:
+            os.environ[var] = value
+    tls_from_env()
+    require_token(args.bind, args.token_file)
+
+
+def require_token(bind: str, token_file: str | None) -> None:
+    """Load ``--token-file`` into ``TIANJI_TOKEN``; refuse to listen beyond loopback
+    without a token.
+
+    Raises:
+        ConfigError: naming the bind address when no token is set for it.
+    """
+    if token_file:
+        from tianji.transports._auth import load_token
+
+        os.environ["TIANJI_TOKEN"] = load_token(token_file)
+    if not os.environ.get("TIANJI_TOKEN") and not _is_loopback(_host_of(bind)):
+        raise ConfigError(
+            "--bind",
+            bind,
+            "a run token for a listener beyond this host: set TIANJI_TOKEN "
+            "or pass --token-file (the same secret on every host)",
+        )
+
+
+def run_controller(
+    config: RunConfig,
+    *,
+    bind: str,
+    advertise: str | None = None,
+    join_timeout: float | None = None,
+    rejoin_timeout: float = 30.0,
+    summary_path: str | None = None,
+    metrics_path: str | None = None,
+    out: TextIO = sys.stdout,
+) -> dict[str, Any]:
+    """Run the controller and monitor of a run whose services join from anywhere.
+
+    Raises:
+        ConfigError: for a bad config or bind address, before anything listens.
+        ServiceFailed: when a service never joined, or left and did not come back.
+    """
+    host = _host_of(bind)
+    plan = RunPlan.build(config, out, metrics_path)
+    monitor_bind = f"tcp://{'[' + host + ']' if ':' in host else host}:0"
+    launcher = HostLauncher(
+        [s.name for s in plan.specs],
+        join_timeout=join_timeout,
+        rejoin_timeout=rejoin_timeout,
+        on_joined=lambda: plan.monitor.restart_clock() if plan.monitor else None,
+        until=plan.until,
+        timeout=None,
+        controller_bind=bind,
+        local_services=plan.local_services(monitor_bind, advertise or ""),
+        progress=plan.progress,
+        progress_interval=2.0,
+        balance=plan.balance,
+    )
+    launcher.controller.advertise = advertise
+    launcher.controller.run_digest = config_digest(config)
+    print(
+        f"tianji controller: run of {config.algorithm} on {config.env.id}; waiting for "
+        f"{', '.join(s.name for s in plan.specs)}; controller bind {bind}"
+        + (f", advertised as {advertise}" if advertise else ""),
+        file=out,
+        flush=True,
+    )
+    started = time.monotonic()
+    reason = run_local(launcher).reason
+    return plan.finish(launcher.controller, reason, time.monotonic() - started, summary_path)
+
+
+def serve_spec(
+    config: RunConfig,
+    role: str,
+    index: int,
+    *,
+    controller: str,
+    bind: str,
+    advertise: str | None = None,
+    local: str = "auto",
+) -> Any:
+    """The :class:`~tianji.launch.spec.ServiceSpec` of service ``ROLE-INDEX`` of the run.
+
+    Raises:
+        ConfigError: naming the role or index when the config has no such service.
+    """
+    specs = RunPlan.build(config).specs
+    roles = sorted({s.name.rsplit("-", 1)[0] for s in specs})
+    if role not in roles:
+        raise ConfigError("ROLE", role, f"one of the run's roles {roles}")
+    same = [s for s in specs if s.name.rsplit("-", 1)[0] == role]
+    name = f"{role}-{index}"
+    found = [s for s in same if s.name == name]
+    if not found:
+        raise ConfigError("--index", index, f"0..{len(same) - 1} (the run has {len(same)} {role})")
+    transports.split_address(controller)
+    local_bind = ""
+    if local == "shm" or (local == "auto" and "shm" in transports.names() and _has_shm()):
+        local_bind = "shm://"
+    return dataclasses.replace(
+        found[0],
+        bind=bind,
+        controller=controller,
+        advertise=advertise or "",
+        local_bind=local_bind,
+    )
+
+
+def _has_shm() -> bool:
+    return sys.platform.startswith("linux") and os.path.isdir("/dev/shm")
+
+
+async def _serve(service: Service) -> None:
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, service.stop, f"signal {signal.Signals(sig).name}")
+    await service.run()
+
+
+def serve(spec: Any, digest: str, out: TextIO = sys.stdout) -> int:
+    """Run one service of a run until the controller ends it; the process exit code."""
+    service = build_service(spec)
+    service.run_digest = digest
+    print(f"tianji serve: {spec.name} joining the run at {spec.controller}", file=out, flush=True)
+    try:
+        run(_serve(service))
+    except ServiceFailed as exc:
+        print(f"tianji serve: {spec.name} failed: {exc}", file=sys.stderr, flush=True)
+        return 1
+    if service.stop_reason.startswith(REFUSED):
+        print(f"tianji serve: {spec.name} {service.stop_reason}", file=sys.stderr, flush=True)
+        return 2
+    print(f"tianji serve: {spec.name} stopped: {service.stop_reason}", file=out, flush=True)
+    return 0
+
+
+def add_deploy_parsers(sub: Any) -> None:
+    """Add ``tianji controller`` and ``tianji serve`` to the CLI's subparsers."""
+    p = sub.add_parser("controller", help="run the controller of a run deployed by hand")
+    add_run_options(p)
+    p.add_argument("--bind", default="tcp://127.0.0.1:7000", help="tcp://HOST:PORT to listen on")
+    p.add_argument("--advertise", metavar="HOST", help="the host services use to reach us")
+    p.add_argument("--join-timeout", type=float, help="fail if not all joined by then (s)")
+    p.add_argument("--rejoin-timeout", type=float, default=30.0, help="(s, default 30)")
+    _add_security_options(p)
+    p.set_defaults(func=_cmd_controller)
+
+    p = sub.add_parser("serve", help="run one service of a run deployed by hand")
+    p.add_argument("role", help="actor, buffer, learner, params or inference")
+    add_run_options(p, run=False)
+    p.add_argument("--controller", required=True, help="the controller's tcp://HOST:PORT")
+    p.add_argument("--index", type=int, default=0, help="which one of the role (default 0)")
+    p.add_argument("--bind", default="tcp://127.0.0.1:0", help="tcp://HOST:PORT to listen on")
+    p.add_argument("--advertise", metavar="HOST", help="the host other services use to reach us")
+    p.add_argument(
+        "--local",
+        choices=["auto", "shm", "tcp"],
+        default="auto",
+        help="between services of one host: shared memory where available (auto) or tcp",
+    )
+    _add_security_options(p)
+    p.set_defaults(func=_cmd_serve)
+
+
+def _cmd_controller(args: Any) -> int:
+    apply_security_options(args)
+    summary = run_controller(
+        config_from_args(args),
+        bind=args.bind,
+        advertise=args.advertise,
+        join_timeout=args.join_timeout,
+        rejoin_timeout=args.rejoin_timeout,
+        summary_path=args.summary,
+        metrics_path=args.metrics,
+    )
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def _cmd_serve(args: Any) -> int:
+    apply_security_options(args)
+    config = config_from_args(args)
+    spec = serve_spec(
+        config,
+        args.role,
+        args.index,
+        controller=args.controller,
+        bind=args.bind,
+        advertise=args.advertise,
+        local=args.local,
+    )
+    return serve(spec, config_digest(config))
