@@ -28,7 +28,7 @@ PPO = EXAMPLES / "cartpole_ppo.toml"
 @pytest.fixture(scope="module")
 def local_ray() -> Iterator[ModuleType]:
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False)  # never a running cluster
     try:
         yield ray
     finally:

@@ -235,15 +235,13 @@ class RayLauncher(Launcher):
     ) -> None:
         self._ray = import_ray()
         for spec in specs:
-            with contextlib.suppress(ConfigError):
-                _with_host(spec.bind, "-")
-                continue
-            raise ConfigError(
-                f"{spec.name}.bind",
-                spec.bind,
-                "a tcp:// address (Ray runs each service in "
-                "its own process, maybe on another host: shm and inproc cannot reach it)",
-            )
+            if not spec.bind.startswith("tcp://"):
+                raise ConfigError(
+                    f"{spec.name}.bind",
+                    spec.bind,
+                    "a tcp:// address (Ray runs each service in its own process, maybe on "
+                    "another host: shm and inproc cannot reach it)",
+                )
         super().__init__(
             specs,
             until=until,
@@ -314,12 +312,13 @@ class RayLauncher(Launcher):
         """
         handles = [h for h in self.children.values() if isinstance(h, _RayActor)]
         waits = [asyncio.wrap_future(h.actor.pid.remote().future()) for h in handles]
-        done, _ = await asyncio.wait(waits, timeout=self.placement_timeout)
+        done, pending = await asyncio.wait(waits, timeout=self.placement_timeout)
+        for fut in pending:
+            fut.cancel()
         for handle, fut in zip(handles, waits, strict=True):
             if fut in done and fut.exception() is None:
-                handle.pid = fut.result()
+                handle.pid = fut.result()  # one that died is reported by the watch loop
             elif fut not in done:
-                fut.cancel()
                 cpus, gpus = self.resources.resources(role_of(handle.spec))
                 raise ServiceFailed(
                     handle.spec.name,
