@@ -131,7 +131,7 @@ class ActorService(Service):
         self.paused_by: str | None = None  # the controller's reason while paused
         self._pending: ParamsPublished | None = None
         self._have_params = asyncio.Event()
-        self._changed = asyncio.Event()  # new params or a resume: re-check _pace
+        self._wake = asyncio.Event()  # new params or a resume: re-check _pace
         self.gauges["paused_s"] = 0.0
         self.subscribe(LATEST_PARAMS, self.on_params)
 
@@ -139,7 +139,7 @@ class ActorService(Service):
         if ev.policy_version > max(self.policy_version, self._pending_version()):
             self._pending = ev
             self._have_params.set()
-            self._changed.set()
+            self._wake.set()
         else:
             self.counters["params_ignored"] += 1
 
@@ -149,7 +149,7 @@ class ActorService(Service):
             self.counters["pauses"] += 1
         elif isinstance(ev, ResumeProduction):
             self.paused_by = None
-            self._changed.set()
+            self._wake.set()
         else:
             await super().on_control(ev)
 
@@ -212,8 +212,8 @@ class ActorService(Service):
         loop = asyncio.get_running_loop()
         started = loop.time()
         while self._must_wait():
-            self._changed.clear()
-            await self._changed.wait()
+            self._wake.clear()
+            await self._wake.wait()
             self._apply_params()
         self.gauges["paused_s"] += loop.time() - started
 
