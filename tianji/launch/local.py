@@ -22,10 +22,9 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
-from typing import TextIO
+from collections.abc import Sequence
+from typing import Any, TextIO
 
-from tianji.balance import BalanceConfig
 from tianji.controller import Controller
 from tianji.launch.base import (
     Handle,
@@ -33,11 +32,9 @@ from tianji.launch.base import (
     LaunchResult,
     Progress,
     ServiceTask,
-    Until,
     run_launcher,
 )
 from tianji.launch.spec import ServiceSpec, build_service
-from tianji.service import Service, ServiceOptions
 
 __all__ = ["LaunchResult", "LocalLauncher", "print_progress", "run_local"]
 
@@ -76,32 +73,9 @@ class LocalLauncher(Launcher):
     """
 
     def __init__(
-        self,
-        specs: Sequence[ServiceSpec],
-        *,
-        until: Until,
-        timeout: float | None = None,
-        controller_bind: str = "tcp://127.0.0.1:0",
-        progress: Progress | None = None,
-        progress_interval: float = 2.0,
-        grace: float = 10.0,
-        options: ServiceOptions | None = None,
-        in_process: bool = False,
-        local_services: Callable[[str], Sequence[Service]] | None = None,
-        balance: BalanceConfig | None = None,
+        self, specs: Sequence[ServiceSpec], *, in_process: bool = False, **common: Any
     ) -> None:
-        super().__init__(
-            specs,
-            until=until,
-            timeout=timeout,
-            controller_bind=controller_bind,
-            progress=progress,
-            progress_interval=progress_interval,
-            grace=grace,
-            options=options,
-            local_services=local_services,
-            balance=balance,
-        )
+        super().__init__(specs, **common)
         self.in_process = in_process
 
     async def _spawn(self, spec: ServiceSpec) -> Handle:

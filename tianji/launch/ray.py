@@ -37,17 +37,16 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
-from tianji.balance import BalanceConfig
 from tianji.config import RayConfig
 from tianji.errors import ConfigError, ServiceFailed
-from tianji.launch.base import Handle, Launcher, Progress, Until
+from tianji.launch.base import Handle, Launcher
 from tianji.launch.spec import ServiceSpec, build_service
 from tianji.runtime import run
-from tianji.service import Service, ServiceOptions
+from tianji.service import Service
 
 __all__ = ["RayLauncher", "ServiceActor", "import_ray", "role_of"]
 
@@ -220,18 +219,10 @@ class RayLauncher(Launcher):
         self,
         specs: Sequence[ServiceSpec],
         *,
-        until: Until,
-        timeout: float | None = None,
-        controller_bind: str = "tcp://127.0.0.1:0",
-        progress: Progress | None = None,
-        progress_interval: float = 2.0,
-        grace: float = 10.0,
-        options: ServiceOptions | None = None,
-        local_services: Callable[[str], Sequence[Service]] | None = None,
-        balance: BalanceConfig | None = None,
         address: str | None = None,
         resources: RayConfig | None = None,
         placement_timeout: float = 120.0,
+        **common: Any,
     ) -> None:
         self._ray = import_ray()
         for spec in specs:
@@ -242,18 +233,7 @@ class RayLauncher(Launcher):
                     "a tcp:// address (Ray runs each service in its own process, maybe on "
                     "another host: shm and inproc cannot reach it)",
                 )
-        super().__init__(
-            specs,
-            until=until,
-            timeout=timeout,
-            controller_bind=controller_bind,
-            progress=progress,
-            progress_interval=progress_interval,
-            grace=grace,
-            options=options,
-            local_services=local_services,
-            balance=balance,
-        )
+        super().__init__(specs, **common)
         self.address = address
         self.resources = resources or RayConfig()
         self.placement_timeout = placement_timeout
