@@ -70,13 +70,15 @@ def test_a_slow_on_policy_learner_pauses_the_actors_and_loses_nothing(tmp_path: 
 
 @pytest.mark.slow
 def test_a_slow_replay_learner_holds_the_ratio_by_pausing_the_actors(tmp_path: Path) -> None:
-    s, rows = run(tmp_path, "cartpole_dqn", "SlowDQN")
+    # The band is set here, not taken from the example (whose tuning may change): 2 +- 1.
+    ratio = ("--set", "controller.replay_ratio=2.0", "--set", "controller.tolerance=1.0")
+    s, rows = run(tmp_path, "cartpole_dqn", "SlowDQN", *ratio, "--set", "algo.batch_size=128")
     ctl, books = s["controller"], s["accounting"]
     assert ctl["pause_s_total"] > 5, ctl
-    # replay_ratio 2 +- 1 in the example, widened by the error buffer (one step of either
-    # side: 2 x 2 actors x 32 + 128 samples), which is small against the whole run
+    # replay_ratio 2 +- 1, widened by the error buffer (one step of either side:
+    # 2 x 2 actors x 32 + 128 samples), which is small against the whole run
     assert 0.95 <= ctl["ratio"] <= 3.05, ctl
     late = [r["controller"]["ratio"] for r in rows[len(rows) // 2 :] if r["controller"]["ratio"]]
     assert late and all(0.9 <= x <= 3.1 for x in late), late
     assert books["balanced"] and all(r["accounting"]["balanced"] for r in rows)
-    assert books["buffered"] <= 50_000  # the replay capacity
+    assert books["buffered"] <= 100_000  # the example's replay capacity
