@@ -232,7 +232,7 @@ def test_sync_mode_settings_that_could_never_progress_are_config_errors(tmp_path
     ("override", "named"),
     [
         ('controller.mode="chaotic"', "controller.mode"),
-        ("controller.tolerance=3.0", "controller.tolerance"),
+        ("controller.tolerance=-0.5", "controller.tolerance"),
         ("controller.lag_target=-1", "controller.lag_target"),
         ("controller.report_interval=5", "controller.report_interval"),
         ("controller.ratio=2", "controller.ratio"),
