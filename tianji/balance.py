@@ -304,6 +304,14 @@ def balance_config(run: RunConfig, spec: BufferSpec, fragment_samples: int) -> B
         learners=run.learner.count,
     )
     learners = run.learner.count
+    if on_policy and run.buffer.shards > 1:
+        raise ConfigError(
+            "buffer.shards",
+            run.buffer.shards,
+            "1 for an on-policy algorithm: its rollouts are consumed once, by version, and a "
+            "learner whose shard's actors are paused would hold every other learner at the "
+            "next gradient step (shard replay buffers instead)",
+        )
     if ctl.mode == "sync" and on_policy and spec.batch_size * learners != run.actors.count:
         raise ConfigError(
             "controller.mode",
