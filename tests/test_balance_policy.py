@@ -39,6 +39,14 @@ def test_producers_that_run_ahead_are_paused_and_resume_in_the_band() -> None:
     assert balanced.paused == frozenset() and not balanced.learner_waits  # ratio 2.0
 
 
+def test_no_producer_pauses_while_a_replay_shard_cannot_sample_yet() -> None:
+    # Past min_replay_size in total, but one shard (its actors started late) is still short:
+    # pausing now could keep it short for good while its learner holds the others.
+    obs = Observation(inserted=1100, consumed=1000, producer_versions=PRODUCERS, filling=True)
+    d = off_policy().decide(obs)
+    assert d.paused == frozenset() and not d.learner_waits
+
+
 def test_a_learner_that_runs_ahead_waits_for_data() -> None:
     d = off_policy().decide(Observation(inserted=400, consumed=1000, producer_versions=PRODUCERS))
     assert d.learner_waits and d.paused == frozenset()  # ratio 3.33 > 2.5

@@ -68,6 +68,8 @@ def test_serve_names_an_unknown_role_or_index() -> None:
         serve_spec(config, "trainer", 0, controller="tcp://127.0.0.1:1", bind="tcp://127.0.0.1:0")
     with pytest.raises(ConfigError, match=r"--index.*0\.\.1"):
         serve_spec(config, "actor", 2, controller="tcp://127.0.0.1:1", bind="tcp://127.0.0.1:0")
+    with pytest.raises(ConfigError, match="--advertise"):
+        serve_spec(config, "actor", 0, controller="tcp://10.0.0.1:7000", bind="tcp://0.0.0.0:0")
     spec = serve_spec(
         config,
         "actor",

@@ -118,6 +118,9 @@ class Observation:
         learner_version: the learner's policy version.
         producer_versions: each producer's current policy version.
         fragments_at_version: fragments each producer sent with its current version.
+        filling: some replay buffer (shard) cannot hand out a batch yet; producers are
+            never paused then, or a shard whose actors started late could stay short for
+            good while its learner holds the others at the gradient all-reduce.
     """
 
     inserted: int
@@ -126,6 +129,7 @@ class Observation:
     learner_version: int = 0
     producer_versions: dict[str, int] = dataclasses.field(default_factory=dict)
     fragments_at_version: dict[str, int] = dataclasses.field(default_factory=dict)
+    filling: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -236,7 +240,7 @@ class BalancePolicy:
         )
         after_inserts = self.band(step, len(producers))
         assert after_inserts is not None
-        producers_wait = obs.consumed < after_inserts[0]
+        producers_wait = obs.consumed < after_inserts[0] and not obs.filling
         learner_waits = obs.consumed + cfg.batch_samples > band[1]
         paused = producers if producers_wait else frozenset()
         reason = f"consumed {obs.consumed} in [{band[0]:.0f}, {band[1]:.0f}]"

@@ -311,12 +311,14 @@ class Balancer:
     def observe(heartbeats: Mapping[str, Heartbeat], live: Mapping[str, Any]) -> Observation:
         """The policy's view of the run from the latest heartbeats of live services."""
         inserted = consumed = dropped = version = 0
+        filling = False
         versions: dict[str, int] = {}
         fragments: dict[str, int] = {}
         for name, hb in heartbeats.items():
             if hb.role == "buffer":
                 inserted += hb.counters.get("samples_inserted", 0)
                 dropped += _dropped(hb)
+                filling |= name in live and hb.gauges.get("ready", 1.0) < 1.0
             elif hb.role == "learner":
                 consumed += hb.counters.get("samples_consumed", 0)
                 dropped += _dropped(hb)
@@ -331,6 +333,7 @@ class Balancer:
             learner_version=version,
             producer_versions=versions,
             fragments_at_version=fragments,
+            filling=filling,
         )
 
     async def update(self, heartbeats: Mapping[str, Heartbeat], live: Mapping[str, Any]) -> None:

@@ -187,6 +187,10 @@ def serve_spec(
     if not found:
         raise ConfigError("--index", index, f"0..{len(same) - 1} (the run has {len(same)} {role})")
     transports.split_address(controller)
+    if _host_of(bind) in ("0.0.0.0", "::") and not advertise:
+        raise ConfigError(
+            "--bind", bind, "--advertise HOST with it: peers cannot connect to 0.0.0.0"
+        )
     local_bind = ""
     if local == "shm" or (local == "auto" and "shm" in transports.names() and _has_shm()):
         local_bind = "shm://"

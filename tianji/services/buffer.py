@@ -73,6 +73,7 @@ class BufferService(Service):
         self.sent: dict[str, int] = {}  # ... and were sent (credit = requested - sent)
         self.learner_version = 0
         self._ids = itertools.count()
+        self._update_size()  # "ready" is 0 from the start for a replay shard
         self.subscribe(trajectories_topic(index, shards), self.on_trajectory)
         self.subscribe(REQUESTS, self.on_request_batches)
         self.subscribe(priorities_topic(index, shards), self.on_priorities)
@@ -172,3 +173,6 @@ class BufferService(Service):
             self.gauges["buffered_samples"] = float(self.buffer.stored_transitions)
         else:
             self.gauges["buffered_samples"] = float(len(self.buffer))
+            # 0 while this replay shard cannot hand out a batch yet: the controller keeps
+            # every producer running until all shards can (see Observation.filling)
+            self.gauges["ready"] = float(len(self.buffer) >= self.buffer.min_size)
