@@ -53,13 +53,12 @@ def config_digest(config: RunConfig) -> str:
 
 
 def _host_of(address: str) -> str:
-    scheme, rest = transports.split_address(address)
-    if scheme != "tcp":
-        raise ConfigError("--bind", address, "a tcp://HOST:PORT address")
-    host, sep, port = rest.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ConfigError("--bind", address, "a tcp://HOST:PORT address")
-    return host.strip("[]")
+    from tianji.transports.tcp import parse_tcp_address
+
+    try:
+        return parse_tcp_address(address)[0]
+    except ValueError:
+        raise ConfigError("--bind", address, "a tcp://HOST:PORT address") from None
 
 
 def _is_loopback(host: str) -> bool:
