@@ -26,7 +26,7 @@ from tianji.errors import ConfigError
 from tianji.events import Heartbeat
 from tianji.progress import RunFacts, Snapshot, take_snapshot
 from tianji.rundir import RunDirectory, RunRecorder, TensorBoard, run_name, write_json_atomic
-from tianji.training import TrainMonitor, config_from_args
+from tianji.training import RunPlan, TrainMonitor, config_from_args
 
 ROOT = Path(__file__).resolve().parents[1]
 PPO = ROOT / "examples" / "cartpole_ppo.toml"
@@ -116,6 +116,19 @@ def test_the_cli_sets_or_disables_the_run_directory() -> None:
 
 def test_services_joining_by_hand_need_not_repeat_the_run_directory() -> None:
     assert config_digest(RunConfig(run_dir="a")) == config_digest(RunConfig(run_dir="b"))
+
+
+def test_the_records_are_closed_when_a_run_is_interrupted(tmp_path: Path) -> None:
+    plan = RunPlan.build(load_config(PPO, [f'run_dir="{tmp_path}"']), io.StringIO())
+    with pytest.raises(KeyboardInterrupt), plan.recording() as recorder:
+        raise KeyboardInterrupt
+    assert recorder.directory is not None and recorder.directory.config.is_file()
+    assert list(recorder.directory.tensorboard.iterdir())  # the event file, closed
+    recorder.record(_snapshot())  # after close: shown, but no file is written any more
+    assert recorder.directory.metrics.read_text() == ""
+    events = EventAccumulator(str(recorder.directory.tensorboard))
+    events.Reload()
+    assert events.Tags()["scalars"] == []
 
 
 # ------------------------------------------------------------------ TensorBoard

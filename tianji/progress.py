@@ -18,6 +18,7 @@ from typing import Any, Protocol, TextIO
 
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from tianji.balance import LagStats
@@ -279,7 +280,7 @@ def scalars(s: Snapshot) -> dict[str, float]:
 # ---------------------------------------------------------------------------- displays
 def render(s: Snapshot, title: str = "tianji") -> Table:
     """The live table of a snapshot."""
-    table = Table(title=f"{title}  [{s.elapsed:.0f} s]", show_header=False, box=None)
+    table = Table(title=escape(f"{title}  [{s.elapsed:.0f} s]"), show_header=False, box=None)
     table.add_column(style="bold cyan", no_wrap=True)
     table.add_column()
     ret = f"{s.mean_return:.1f}" if s.mean_return is not None else "-"
