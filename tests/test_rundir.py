@@ -226,6 +226,7 @@ def _snapshot(**changes: Any) -> Snapshot:
         learner={"loss": 0.25, "entropy": 0.6},
         buffer_size=8.0,
         buffer_capacity=32,
+        buffer_unit="fragments",
         controller={
             "production_per_s": 2048.0,
             "consumption_per_s": 1024.0,
@@ -281,7 +282,7 @@ def test_the_live_table_shows_every_field() -> None:
         "return (last 20)",
         "150.2",
         "mean 0.50, p95 1",
-        "8 / 32 (25%)",
+        "8 / 32 fragments (25%)",
         "2,048 / 1,024 samples/s, ratio 0.50",
         "paused",
         "4/5 up",

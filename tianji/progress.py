@@ -89,6 +89,7 @@ class Snapshot:
     learner: dict[str, float]  # the first learner's gauges (losses, entropy, ...)
     buffer_size: float
     buffer_capacity: int
+    buffer_unit: str  # "fragments" (on-policy rollouts) or "transitions" (replay)
     controller: dict[str, Any] | None  # Balancer.metrics, None without a balancer
     accounting: dict[str, Any]
     services_up: int
@@ -193,6 +194,7 @@ def take_snapshot(
         learner=totals["gauges"],
         buffer_size=sum(hb.gauges.get("size", 0.0) for hb in _role(controller, "buffer")),
         buffer_capacity=facts.buffer_capacity,
+        buffer_unit="fragments" if facts.on_policy else "transitions",
         controller=balancer.metrics(controller.heartbeats) if balancer is not None else None,
         accounting=accounting(controller.heartbeats, facts.on_policy),
         services_up=up,
@@ -307,9 +309,9 @@ def render(s: Snapshot, title: str = "tianji") -> Table:
 
 def _fill(s: Snapshot) -> str:
     if not s.buffer_capacity:
-        return f"{s.buffer_size:,.0f}"
+        return f"{s.buffer_size:,.0f} {s.buffer_unit}"
     share = s.buffer_size / s.buffer_capacity
-    return f"{s.buffer_size:,.0f} / {s.buffer_capacity:,} ({share:.0%})"
+    return f"{s.buffer_size:,.0f} / {s.buffer_capacity:,} {s.buffer_unit} ({share:.0%})"
 
 
 class PlainDisplay:

@@ -534,9 +534,14 @@ def add_run_options(p: Any, *, run: bool = True) -> None:
         type=float,
         help="stop when the mean return of the last 20 episodes reaches this",
     )
-    p.add_argument("--summary", metavar="PATH", help="write the summary JSON here")
+    _add_record_options(p)
+
+
+def _add_record_options(p: Any) -> None:
+    """Where a run's records go: ``--summary``, ``--metrics``, ``--run-dir``."""
+    p.add_argument("--summary", metavar="PATH", help="also write the summary JSON here")
     p.add_argument(
-        "--metrics", metavar="PATH", help="write one JSON line of metrics every 2 s here"
+        "--metrics", metavar="PATH", help="also write one JSON line of metrics every 2 s here"
     )
     where = p.add_mutually_exclusive_group()
     where.add_argument(
