@@ -250,11 +250,18 @@ def metrics_row(s: Snapshot) -> dict[str, Any]:
         "learner_updates_per_s": round(s.updates_per_s, 3),
         "lag": s.lag,
         "buffer_size": s.buffer_size,
-        "services_up": s.services_up,
+        "services": _services(s),
         "learner": s.learner,
         "controller": s.controller,
         "accounting": s.accounting,
     }
+
+
+def _services(s: Snapshot) -> dict[str, Any] | None:
+    if not s.services_total:  # not watched (e.g. the last row, after the services left)
+        return None
+    up, total, stale = s.services_up, s.services_total, s.stale
+    return {"up": up, "total": total, "stale": stale, "missing": list(s.missing)}
 
 
 def scalars(s: Snapshot) -> dict[str, float]:
