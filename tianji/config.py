@@ -25,6 +25,7 @@ from __future__ import annotations
 import collections.abc
 import dataclasses
 import difflib
+import json
 import tomllib
 import types
 import typing
@@ -232,6 +233,9 @@ class RunConfig:
     """inproc (every service in one process), tcp or shm (one process per service)."""
     name: str = ""
     """Run name (defaults to algorithm-env)."""
+    run_dir: str = "runs"
+    """Where run directories go: each run writes ``<run_dir>/<name>-<YYYYmmdd-HHMMSS>/``
+    (resolved config, metrics rows, TensorBoard event files, summary); "" writes none."""
     env: EnvConfig = dataclasses.field(default_factory=EnvConfig)
     actors: ActorConfig = dataclasses.field(default_factory=ActorConfig)
     learner: LearnerConfig = dataclasses.field(default_factory=LearnerConfig)
@@ -266,17 +270,19 @@ def _positive(section: str, obj: object, names: Sequence[str]) -> None:
 
 
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
-    """Read a TOML run config and apply ``section.key=value`` overrides.
+    """Read a TOML run config (or the ``config.json`` saved in a run directory) and apply
+    ``section.key=value`` overrides.
 
     Raises:
         ConfigError: naming the file, key or value that is wrong.
     """
     try:
-        data = tomllib.loads(Path(path).read_text())
+        text = Path(path).read_text()
+        data = json.loads(text) if str(path).endswith(".json") else tomllib.loads(text)
     except FileNotFoundError:
         raise ConfigError("config", str(path), "an existing TOML file") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError("config", str(path), f"valid TOML ({exc})") from None
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError("config", str(path), f"valid TOML or JSON ({exc})") from None
     data = apply_overrides(data, overrides)
     config: RunConfig = build_dataclass(RunConfig, data, "")
     return config

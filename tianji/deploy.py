@@ -15,7 +15,7 @@ Every service registers its TCP address and, where the shared-memory transport e
 second shared-memory listener; the controller hands each subscriber the shared-memory
 address of publishers on its own host (same host and network namespace) and the TCP
 address of the others. The controller refuses a service whose config differs from its
-own (a digest of the run config, stop conditions aside).
+own (a digest of the run config, stop conditions and run directory aside).
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ def config_digest(config: RunConfig) -> str:
     """What must be equal between the controller's and every service's config."""
     data = to_dict(config)
     data.pop("stop", None)  # only the controller decides when to stop
+    data.pop("run_dir", None)  # and writes the run directory
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -156,9 +157,10 @@ def run_controller(
         file=out,
         flush=True,
     )
-    started = time.monotonic()
-    reason = run_local(launcher).reason
-    return plan.finish(launcher.controller, reason, time.monotonic() - started, summary_path)
+    with plan.recording():
+        started = time.monotonic()
+        reason = run_local(launcher).reason
+        return plan.finish(launcher.controller, reason, time.monotonic() - started, summary_path)
 
 
 def serve_spec(

@@ -17,20 +17,22 @@ import secrets
 import sys
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
 
+from tianji import progress as _progress
 from tianji.balance import balance_config
 from tianji.config import RunConfig, to_dict
 from tianji.controller import Controller, accounting, dropped_by_reason, lag_summary
 from tianji.core import BufferSpec
 from tianji.errors import ConfigError, ServiceFailed
-from tianji.events import EpisodesFinished, Heartbeat
+from tianji.events import EpisodesFinished
 from tianji.launch.base import Launcher
 from tianji.launch.local import LocalLauncher, run_local
 from tianji.launch.spec import ServiceSpec
+from tianji.progress import RunFacts, Snapshot, learner_totals, plain_line, take_snapshot
+from tianji.rundir import RunRecorder, write_json_atomic
 from tianji.service import Service
 from tianji.services import EPISODES, buffer_name, learner_name
 from tianji.services.common import make_algorithm
@@ -185,7 +187,8 @@ class RunPlan:
     out: TextIO
     metrics_path: str | None = None
     monitor: TrainMonitor | None = None
-    _metrics_file: TextIO | None = None
+    recorder: RunRecorder | None = None
+    _last: Snapshot | None = None
 
     @classmethod
     def build(
@@ -223,32 +226,70 @@ class RunPlan:
         """The run is done (target, step or time budget): the launcher's ``until``."""
         return self.monitor is not None and self.monitor.done() is not None
 
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[RunRecorder]:
+        """The run's records (run directory, metrics rows, TensorBoard, progress display)
+        for the length of the run, closed on every way out (errors, Ctrl-C).
+
+        Raises:
+            ConfigError: when the run directory cannot be created (before anything starts).
+        """
+        self.recorder = RunRecorder.open(self.config, self.out, self.metrics_path)
+        try:
+            yield self.recorder
+        finally:
+            self.recorder.close()
+
+    def facts(self, services: bool = True) -> RunFacts:
+        """What progress snapshots know of the run beyond heartbeats."""
+        capacity = sum(s.options["buffer_spec"]["capacity"] for s in self.specs if _buffer(s))
+        names = tuple(s.name for s in self.specs) if services else ()
+        return RunFacts(services=names, buffer_capacity=capacity, on_policy=self.on_policy)
+
     def progress(self, controller: Controller, elapsed: float) -> None:
-        """Print a progress line; append a metrics row when asked to."""
+        """Snapshot the run; show it, write its metrics row and TensorBoard scalars."""
         if self.monitor is None:
             return
-        print(progress_line(controller, self.monitor, elapsed), file=self.out, flush=True)
-        if self.metrics_path is not None:
-            if self._metrics_file is None:
-                self._metrics_file = open(self.metrics_path, "w")  # noqa: SIM115
-            row = metrics_row(controller, self.monitor, elapsed, self.on_policy)
-            self._metrics_file.write(json.dumps(row) + "\n")
-            self._metrics_file.flush()
+        if self.recorder is None:  # watched outside recording(): no run directory
+            self.recorder = RunRecorder(_progress.make_display(self.out), None, self.metrics_path)
+        self._record(controller, elapsed, self.facts())
+
+    def _record(self, controller: Controller, elapsed: float, facts: RunFacts) -> None:
+        assert self.monitor is not None and self.recorder is not None
+        snap = take_snapshot(controller, self.monitor, elapsed, facts, self._last)
+        self.recorder.record(snap)
+        self._last = snap
 
     def finish(
-        self, controller: Controller, reason: str, wall: float, summary_path: str | None
+        self,
+        controller: Controller,
+        reason: str,
+        wall: float,
+        summary_path: str | None,
+        backend: str | None = None,
     ) -> dict[str, Any]:
-        """Close the metrics file; build (and write) the summary."""
-        if self._metrics_file is not None:
-            self._metrics_file.close()
-            self._metrics_file = None
-        if self.monitor is None:
-            raise ServiceFailed("monitor", f"the run ended before it started ({reason})")
-        summary = summarize(self.config, controller, self.monitor, wall, self.on_policy)
-        summary["stop_reason"] = self.monitor.done() or reason
-        if summary_path:
-            Path(summary_path).write_text(json.dumps(summary, indent=2) + "\n")
-        return summary
+        """Record a last snapshot, build the summary and write it (run directory and
+        ``summary_path``); close the records."""
+        recorder = self.recorder
+        try:
+            if self.monitor is None:
+                raise ServiceFailed("monitor", f"the run ended before it started ({reason})")
+            if recorder is not None:  # the services have left: no health row
+                self._record(controller, wall, self.facts(services=False))
+            summary = summarize(self.config, controller, self.monitor, wall, self.on_policy)
+            summary["stop_reason"] = self.monitor.done() or reason
+            if backend is not None:
+                summary["backend"] = backend
+            directory = recorder.directory if recorder is not None else None
+            summary["run_dir"] = str(directory.path) if directory is not None else None
+            if recorder is not None:
+                recorder.write_summary(summary, summary_path)
+            elif summary_path:
+                write_json_atomic(summary_path, summary)
+            return summary
+        finally:
+            if recorder is not None:
+                recorder.close()
 
 
 def train(
@@ -261,11 +302,14 @@ def train(
 ) -> dict[str, Any]:
     """Run a training job to its end and return (and optionally write) its summary.
 
+    The run directory (``config.run_dir``, see :mod:`tianji.rundir`) gets the resolved
+    config, the metrics rows, TensorBoard event files and the summary.
+
     Args:
         config: the run config.
-        summary_path: write the summary JSON here.
-        metrics_path: append one JSON line of metrics per progress interval here.
-        out: where progress lines go.
+        summary_path: also write the summary JSON here.
+        metrics_path: also write one JSON line of metrics per progress interval here.
+        out: where progress goes: a live table on a terminal, else plain lines.
         backend: "local" (one process per service here) or "ray" (one Ray actor per
             service, placed as ``config.ray`` says).
 
@@ -275,20 +319,12 @@ def train(
     """
     plan = RunPlan.build(config, out, metrics_path)
     launcher = _launcher(backend, plan)
-    started = time.monotonic()
-    reason = "failed"
-    try:
+    with plan.recording():
+        started = time.monotonic()
         with run_token():
             reason = run_local(launcher).reason
-    finally:
         wall = time.monotonic() - started
-        if reason == "failed" and plan._metrics_file is not None:
-            plan._metrics_file.close()
-    summary = plan.finish(launcher.controller, reason, wall, None)
-    summary["backend"] = backend
-    if summary_path:
-        Path(summary_path).write_text(json.dumps(summary, indent=2) + "\n")
-    return summary
+        return plan.finish(launcher.controller, reason, wall, summary_path, backend)
 
 
 def _launcher(backend: str, plan: RunPlan) -> Launcher:
@@ -357,70 +393,21 @@ def _sum(controller: Controller, role_prefix: str, key: str) -> int:
     )
 
 
-def _role(controller: Controller, role: str) -> list[Heartbeat]:
-    """The latest heartbeats of the run's services of ``role``, by name."""
-    beats = controller.heartbeats
-    return [beats[n] for n in sorted(beats) if beats[n].role == role]
-
-
-def _learners(controller: Controller) -> list[Heartbeat]:
-    return _role(controller, "learner")
-
-
-def learner_totals(controller: Controller) -> dict[str, Any]:
-    """Updates (data-parallel learners step together: the most any learner made), samples
-    consumed (the sum), mean policy lag and the first learner's gauges."""
-    beats = _learners(controller)
-    lags = [hb.gauges.get("policy_lag_mean", 0.0) for hb in beats]
-    return {
-        "updates": max((hb.counters.get("learner_updates", 0) for hb in beats), default=0),
-        "consumed": sum(hb.counters.get("samples_consumed", 0) for hb in beats),
-        "lag": sum(lags) / len(lags) if lags else 0.0,
-        "gauges": dict(beats[0].gauges) if beats else {},
-    }
+def _buffer(spec: ServiceSpec) -> bool:
+    return "buffer_spec" in spec.options
 
 
 def progress_line(controller: Controller, monitor: TrainMonitor, elapsed: float) -> str:
-    """One human-readable progress line."""
-    mean = monitor.mean_return()
-    totals = learner_totals(controller)
-    updates, lag = totals["updates"], totals["lag"]
-    size = sum(hb.gauges.get("size", 0.0) for hb in _role(controller, "buffer"))
-    steps = monitor.env_steps
-    rate = steps / elapsed if elapsed > 0 else 0.0
-    ret = f"{mean:7.1f}" if mean is not None else "      -"
-    line = (
-        f"[{elapsed:6.1f}s] env steps {steps:>8} ({rate:6.0f}/s) | episodes {monitor.episodes:>5}"
-        f" | return(last {monitor.returns.maxlen}) {ret} | updates {updates:>5}"
-        f" | lag {lag:4.1f} | buffer {size:6.0f}"
-    )
-    balancer = controller.balancer
-    if balancer is not None:
-        produced, consumed = balancer.rates()
-        line += f" | in/out {produced:6.0f}/{consumed:6.0f} per s | paused {len(balancer.paused)}"
-    return line
+    """One human-readable progress line (:func:`tianji.progress.plain_line`)."""
+    return plain_line(take_snapshot(controller, monitor, elapsed))
 
 
 def metrics_row(
     controller: Controller, monitor: TrainMonitor, elapsed: float, on_policy: bool
 ) -> dict[str, Any]:
-    """One row of the run's metrics file (JSON lines)."""
-    totals = learner_totals(controller)
-    return {
-        "t": round(elapsed, 3),
-        "unix": round(time.time(), 3),
-        "env_steps": monitor.env_steps,
-        "env_steps_by_actor": dict(sorted(monitor.env_steps_by_actor.items())),
-        "episodes": monitor.episodes,
-        "mean_return": monitor.mean_return(),
-        "learner_updates": totals["updates"],
-        "samples_consumed": totals["consumed"],
-        "learner": totals["gauges"],
-        "controller": (
-            controller.balancer.metrics(controller.heartbeats) if controller.balancer else None
-        ),
-        "accounting": accounting(controller.heartbeats, on_policy),
-    }
+    """One row of the run's metrics file (:func:`tianji.progress.metrics_row`)."""
+    snap = take_snapshot(controller, monitor, elapsed, RunFacts(on_policy=on_policy))
+    return _progress.metrics_row(snap)
 
 
 def summarize(
@@ -488,6 +475,7 @@ SHORTCUTS = {
     "mode": "controller.mode",
     "learners": "learner.count",
     "ray_address": "ray.address",
+    "run_dir": "run_dir",
 }
 
 
@@ -517,8 +505,8 @@ def add_train_parser(sub: Any) -> None:
 
 def add_run_options(p: Any, *, run: bool = True) -> None:
     """The config argument and ``--set`` (and with ``run``, the options of a whole run:
-    shortcuts, stop conditions, ``--summary``, ``--metrics``) shared by ``tianji train``,
-    ``tianji controller`` and ``tianji serve``."""
+    shortcuts, stop conditions, ``--summary``, ``--metrics``, ``--run-dir``) shared by
+    ``tianji train``, ``tianji controller`` and ``tianji serve``."""
     p.add_argument("config", help="run config (TOML), e.g. examples/cartpole_ppo.toml")
     p.add_argument(
         "--set",
@@ -546,9 +534,24 @@ def add_run_options(p: Any, *, run: bool = True) -> None:
         type=float,
         help="stop when the mean return of the last 20 episodes reaches this",
     )
-    p.add_argument("--summary", metavar="PATH", help="write the summary JSON here")
+    _add_record_options(p)
+
+
+def _add_record_options(p: Any) -> None:
+    """Where a run's records go: ``--summary``, ``--metrics``, ``--run-dir``."""
+    p.add_argument("--summary", metavar="PATH", help="also write the summary JSON here")
     p.add_argument(
-        "--metrics", metavar="PATH", help="write one JSON line of metrics every 2 s here"
+        "--metrics", metavar="PATH", help="also write one JSON line of metrics every 2 s here"
+    )
+    where = p.add_mutually_exclusive_group()
+    where.add_argument(
+        "--run-dir",
+        metavar="PATH",
+        help="put the run directory (config, metrics, TensorBoard, summary) under PATH "
+        "(run_dir, default runs)",
+    )
+    where.add_argument(
+        "--no-run-dir", action="store_true", help='write no run directory (run_dir = "")'
     )
 
 
@@ -561,6 +564,8 @@ def config_from_args(args: Any) -> RunConfig:
         value = getattr(args, attr, None)
         if value is not None:
             overrides.append(f"{key}={json.dumps(value)}")
+    if getattr(args, "no_run_dir", False):
+        overrides.append('run_dir=""')
     return load_config(args.config, overrides)
 
 

@@ -159,6 +159,7 @@ def _worker() -> int:
     from tianji.training import train
 
     config: RunConfig = build_dataclass(RunConfig, json.loads(sys.stdin.read()), "")
+    config = dataclasses.replace(config, run_dir="")  # the report keeps what a bench needs
     summary = train(config, out=io.StringIO())
     print(json.dumps({k: summary.get(k) for k in (*KEYS, "env_steps", "controller")}))
     return 0

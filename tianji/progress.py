@@ -1,0 +1,361 @@
+"""A run's progress: one snapshot of its numbers, shown as a live table or a plain line.
+
+:func:`take_snapshot` reads the controller's latest heartbeats and the monitor once per
+progress interval into a :class:`Snapshot` of plain numbers. Everything shown or written
+about a run's progress is formatted from that snapshot, so they never disagree:
+:func:`plain_line` (the log line), :func:`metrics_row` (one row of ``metrics.jsonl``),
+:func:`scalars` (TensorBoard) and :func:`render` (the ``rich`` table of
+:class:`LiveDisplay`, used when the output is a terminal).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+from collections.abc import Sequence
+from typing import Any, Protocol, TextIO
+
+from rich.console import Console
+from rich.live import Live
+from rich.markup import escape
+from rich.table import Table
+
+from tianji.balance import LagStats
+from tianji.controller import Controller, accounting
+from tianji.events import Heartbeat
+
+__all__ = [
+    "LiveDisplay",
+    "PlainDisplay",
+    "RunFacts",
+    "Snapshot",
+    "learner_totals",
+    "make_display",
+    "metrics_row",
+    "plain_line",
+    "render",
+    "scalars",
+    "take_snapshot",
+]
+
+STALE_AFTER = 5.0
+"""Seconds without a heartbeat (sent every second) after which a service counts as stale."""
+
+
+class Watcher(Protocol):
+    """What a snapshot reads from the run's monitor (:class:`tianji.training.TrainMonitor`)."""
+
+    env_steps_by_actor: dict[str, int]
+    episodes: int
+    returns: collections.deque[float]
+
+    @property
+    def env_steps(self) -> int: ...
+
+    def mean_return(self) -> float | None: ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class RunFacts:
+    """What a snapshot knows of the run beyond the heartbeats (fixed for the run)."""
+
+    services: tuple[str, ...] = ()
+    """The run's services by name (the up/total count and the missing ones)."""
+    buffer_capacity: int = 0
+    """All buffer shards' capacity, in the buffer's unit (transitions or fragments)."""
+    on_policy: bool = False
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Snapshot:
+    """A run's numbers at one progress interval. Rates and lag cover the interval since
+    the previous snapshot (the whole run so far for the first one)."""
+
+    elapsed: float
+    unix: float
+    env_steps: int
+    env_steps_by_actor: dict[str, int]
+    episodes: int
+    window: int  # episodes in the mean return
+    mean_return: float | None
+    updates: int
+    consumed: int
+    env_steps_per_s: float
+    updates_per_s: float
+    lag_counts: dict[int, int]  # cumulative histogram over all learners
+    lag_sum: int
+    lag: dict[str, float] | None  # mean/p50/p95/max of the interval's consumed samples
+    learner: dict[str, float]  # the first learner's gauges (losses, entropy, ...)
+    buffer_size: float
+    buffer_capacity: int
+    buffer_unit: str  # "fragments" (on-policy rollouts) or "transitions" (replay)
+    controller: dict[str, Any] | None  # Balancer.metrics, None without a balancer
+    accounting: dict[str, Any]
+    services_up: int
+    services_total: int
+    stale: dict[str, float]  # service -> seconds since its last heartbeat
+    missing: tuple[str, ...]  # services of the run not registered now
+
+
+def _role(controller: Controller, role: str) -> list[Heartbeat]:
+    """The latest heartbeats of the run's services of ``role``, by name."""
+    beats = controller.heartbeats
+    return [beats[n] for n in sorted(beats) if beats[n].role == role]
+
+
+def learner_totals(controller: Controller) -> dict[str, Any]:
+    """Updates (data-parallel learners step together: the most any learner made), samples
+    consumed (the sum), mean policy lag of the last batches and the first learner's gauges."""
+    beats = _role(controller, "learner")
+    lags = [hb.gauges.get("policy_lag_mean", 0.0) for hb in beats]
+    return {
+        "updates": max((hb.counters.get("learner_updates", 0) for hb in beats), default=0),
+        "consumed": sum(hb.counters.get("samples_consumed", 0) for hb in beats),
+        "lag": sum(lags) / len(lags) if lags else 0.0,
+        "gauges": dict(beats[0].gauges) if beats else {},
+    }
+
+
+def _lag_histogram(controller: Controller) -> tuple[dict[int, int], int]:
+    counts: collections.Counter[int] = collections.Counter()
+    total = 0
+    for hb in _role(controller, "learner"):
+        for key, value in hb.counters.items():
+            if key.startswith("lag/"):
+                counts[int(key.split("/", 1)[1])] += value
+        total += hb.counters.get("lag_sum", 0)
+    return dict(counts), total
+
+
+def _interval_lag(
+    counts: dict[int, int], total: int, previous: Snapshot | None
+) -> dict[str, float] | None:
+    """The lag distribution of the samples consumed since ``previous``."""
+    before = previous.lag_counts if previous is not None else {}
+    diff = {k: n - before.get(k, 0) for k, n in counts.items() if n > before.get(k, 0)}
+    if not diff:
+        return None
+    lag_sum = total - (previous.lag_sum if previous is not None else 0)
+    return LagStats.summarize(diff, lag_sum, max(diff))
+
+
+def _rate(now: float, before: float, elapsed: float, previous: Snapshot | None) -> float:
+    span = elapsed - previous.elapsed if previous is not None else elapsed
+    return (now - before) / span if span > 0 else 0.0
+
+
+def _health(
+    controller: Controller, services: Sequence[str], now: float
+) -> tuple[int, dict[str, float], tuple[str, ...]]:
+    """(services up, stale ones with their heartbeat age, missing ones)."""
+    stale: dict[str, float] = {}
+    missing: list[str] = []
+    for name in services:
+        record = controller.registry.get(name)
+        if record is None:
+            missing.append(name)
+        elif now - record.last_seen > STALE_AFTER:
+            stale[name] = now - record.last_seen
+    return len(services) - len(stale) - len(missing), stale, tuple(missing)
+
+
+def take_snapshot(
+    controller: Controller,
+    monitor: Watcher,
+    elapsed: float,
+    facts: RunFacts | None = None,
+    previous: Snapshot | None = None,
+    now: float | None = None,
+) -> Snapshot:
+    """The run's numbers now (``now``: ``time.monotonic()`` unless given), with rates and
+    lag over the interval since ``previous``."""
+    facts = facts or RunFacts()
+    totals = learner_totals(controller)
+    counts, lag_sum = _lag_histogram(controller)
+    clock = time.monotonic() if now is None else now
+    up, stale, missing = _health(controller, facts.services, clock)
+    balancer = controller.balancer
+    return Snapshot(
+        elapsed=elapsed,
+        unix=time.time(),
+        env_steps=monitor.env_steps,
+        env_steps_by_actor=dict(sorted(monitor.env_steps_by_actor.items())),
+        episodes=monitor.episodes,
+        window=monitor.returns.maxlen or 0,
+        mean_return=monitor.mean_return(),
+        updates=totals["updates"],
+        consumed=totals["consumed"],
+        env_steps_per_s=_rate(monitor.env_steps, _prev(previous, "env_steps"), elapsed, previous),
+        updates_per_s=_rate(totals["updates"], _prev(previous, "updates"), elapsed, previous),
+        lag_counts=counts,
+        lag_sum=lag_sum,
+        lag=_interval_lag(counts, lag_sum, previous),
+        learner=totals["gauges"],
+        buffer_size=sum(hb.gauges.get("size", 0.0) for hb in _role(controller, "buffer")),
+        buffer_capacity=facts.buffer_capacity,
+        buffer_unit="fragments" if facts.on_policy else "transitions",
+        controller=balancer.metrics(controller.heartbeats) if balancer is not None else None,
+        accounting=accounting(controller.heartbeats, facts.on_policy),
+        services_up=up,
+        services_total=len(facts.services),
+        stale=stale,
+        missing=missing,
+    )
+
+
+def _prev(previous: Snapshot | None, field: str) -> float:
+    return float(getattr(previous, field)) if previous is not None else 0.0
+
+
+# ---------------------------------------------------------------------------- formats
+def plain_line(s: Snapshot) -> str:
+    """One human-readable progress line (the display when output is not a terminal)."""
+    ret = f"{s.mean_return:7.1f}" if s.mean_return is not None else "      -"
+    lag = f"{s.lag['mean']:4.1f}" if s.lag is not None else "   -"
+    line = (
+        f"[{s.elapsed:6.1f}s] env steps {s.env_steps:>8} ({s.env_steps_per_s:6.0f}/s)"
+        f" | episodes {s.episodes:>5} | return(last {s.window}) {ret}"
+        f" | updates {s.updates:>5} | lag {lag} | buffer {s.buffer_size:6.0f}"
+    )
+    if s.controller is not None:
+        produced, consumed = s.controller["production_per_s"], s.controller["consumption_per_s"]
+        paused = len(s.controller["paused_now"])
+        line += f" | in/out {produced:6.0f}/{consumed:6.0f} per s | paused {paused}"
+    if s.services_total:
+        line += f" | services {s.services_up}/{s.services_total} up{_unhealthy(s, ', ')}"
+    return line
+
+
+def _unhealthy(s: Snapshot, sep: str) -> str:
+    parts = [f"{name} stale {age:.0f}s" for name, age in sorted(s.stale.items())]
+    if s.missing:
+        shown = ", ".join(s.missing[:4]) + (" ..." if len(s.missing) > 4 else "")
+        parts.append(f"missing {shown}")
+    return sep + "; ".join(parts) if parts else ""
+
+
+def metrics_row(s: Snapshot) -> dict[str, Any]:
+    """One row of the run's metrics file (JSON lines)."""
+    return {
+        "t": round(s.elapsed, 3),
+        "unix": round(s.unix, 3),
+        "env_steps": s.env_steps,
+        "env_steps_by_actor": s.env_steps_by_actor,
+        "episodes": s.episodes,
+        "mean_return": s.mean_return,
+        "learner_updates": s.updates,
+        "samples_consumed": s.consumed,
+        "env_steps_per_s": round(s.env_steps_per_s, 1),
+        "learner_updates_per_s": round(s.updates_per_s, 3),
+        "lag": s.lag,
+        "buffer_size": s.buffer_size,
+        "services": _services(s),
+        "learner": s.learner,
+        "controller": s.controller,
+        "accounting": s.accounting,
+    }
+
+
+def _services(s: Snapshot) -> dict[str, Any] | None:
+    if not s.services_total:  # not watched (e.g. the last row, after the services left)
+        return None
+    up, total, stale = s.services_up, s.services_total, s.stale
+    return {"up": up, "total": total, "stale": stale, "missing": list(s.missing)}
+
+
+def scalars(s: Snapshot) -> dict[str, float]:
+    """The TensorBoard scalars of a snapshot (step: env steps); absent values are left out."""
+    out: dict[str, float] = {
+        "rate/env_steps_per_s": s.env_steps_per_s,
+        "rate/updates_per_s": s.updates_per_s,
+        "buffer/size": s.buffer_size,
+    }
+    if s.mean_return is not None:
+        out["return/mean"] = s.mean_return
+    if s.lag is not None:
+        out["lag/mean"], out["lag/p95"] = s.lag["mean"], s.lag["p95"]
+    out.update({f"learner/{k}": float(v) for k, v in sorted(s.learner.items())})
+    c = s.controller
+    if c is not None:
+        out["balance/production_per_s"] = c["production_per_s"]
+        out["balance/consumption_per_s"] = c["consumption_per_s"]
+        out["balance/paused_producers"] = float(len(c["paused_now"]))
+        if c["ratio"] is not None:
+            out["balance/ratio"] = c["ratio"]
+    return out
+
+
+# ---------------------------------------------------------------------------- displays
+def render(s: Snapshot, title: str = "tianji") -> Table:
+    """The live table of a snapshot."""
+    table = Table(title=escape(f"{title}  [{s.elapsed:.0f} s]"), show_header=False, box=None)
+    table.add_column(style="bold cyan", no_wrap=True)
+    table.add_column()
+    ret = f"{s.mean_return:.1f}" if s.mean_return is not None else "-"
+    lag = f"mean {s.lag['mean']:.2f}, p95 {s.lag['p95']:.0f}" if s.lag is not None else "-"
+    table.add_row("env steps", f"{s.env_steps:,} ({s.env_steps_per_s:,.0f}/s)")
+    table.add_row("episodes", f"{s.episodes:,}")
+    table.add_row("updates", f"{s.updates:,} ({s.updates_per_s:,.1f}/s)")
+    table.add_row(f"return (last {s.window})", ret)
+    table.add_row("policy lag", lag)
+    table.add_row("buffer", _fill(s))
+    c = s.controller
+    if c is not None:
+        ratio = f", ratio {c['ratio']:.2f}" if c["ratio"] is not None else ""
+        flow = f"{c['production_per_s']:,.0f} / {c['consumption_per_s']:,.0f} samples/s"
+        table.add_row("in / out", flow + ratio)
+        table.add_row("paused", ", ".join(c["paused_now"]) or "none")
+    if s.services_total:
+        healthy = s.services_up == s.services_total
+        style = "green" if healthy else "red"
+        up = f"[{style}]{s.services_up}/{s.services_total} up[/{style}]"
+        table.add_row("services", up + _unhealthy(s, "; "))
+    return table
+
+
+def _fill(s: Snapshot) -> str:
+    if not s.buffer_capacity:
+        return f"{s.buffer_size:,.0f} {s.buffer_unit}"
+    share = s.buffer_size / s.buffer_capacity
+    return f"{s.buffer_size:,.0f} / {s.buffer_capacity:,} {s.buffer_unit} ({share:.0%})"
+
+
+class PlainDisplay:
+    """One :func:`plain_line` per snapshot (when the output is not a terminal)."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+
+    def show(self, snapshot: Snapshot) -> None:
+        print(plain_line(snapshot), file=self.out, flush=True)
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class LiveDisplay:
+    """A ``rich`` live table on a terminal, redrawn on each snapshot; what else is printed
+    to stdout/stderr meanwhile scrolls above it."""
+
+    def __init__(self, out: TextIO, title: str = "tianji") -> None:
+        self.title = title
+        self._live = Live(console=Console(file=out), auto_refresh=False)
+        self._started = False
+
+    def show(self, snapshot: Snapshot) -> None:
+        if not self._started:
+            self._live.start()
+            self._started = True
+        self._live.update(render(snapshot, self.title), refresh=True)
+
+    def close(self) -> None:
+        """Stop redrawing (the last table stays); idempotent."""
+        if self._started:
+            self._started = False
+            self._live.stop()
+
+
+def make_display(out: TextIO, title: str = "tianji") -> PlainDisplay | LiveDisplay:
+    """A live table when ``out`` is a terminal, else plain lines."""
+    return LiveDisplay(out, title) if out.isatty() else PlainDisplay(out)
