@@ -26,10 +26,11 @@ from tianji.balance import balance_config
 from tianji.config import RunConfig, to_dict
 from tianji.controller import Controller, accounting, dropped_by_reason, lag_summary
 from tianji.core import BufferSpec
+from tianji.dashboard import add_dashboard_options, launch_plan
 from tianji.errors import ConfigError, ServiceFailed
 from tianji.events import EpisodesFinished, Heartbeat
 from tianji.launch.base import Launcher
-from tianji.launch.local import LocalLauncher, run_local
+from tianji.launch.local import LocalLauncher
 from tianji.launch.spec import ServiceSpec
 from tianji.service import Service
 from tianji.services import EPISODES, buffer_name, learner_name
@@ -184,6 +185,7 @@ class RunPlan:
     on_policy: bool
     out: TextIO
     metrics_path: str | None = None
+    dashboard: str | None = None  # HOST:PORT of the live dashboard, None: no dashboard
     monitor: TrainMonitor | None = None
     _metrics_file: TextIO | None = None
 
@@ -258,6 +260,7 @@ def train(
     metrics_path: str | None = None,
     out: TextIO = sys.stdout,
     backend: str = "local",
+    dashboard: str | None = None,
 ) -> dict[str, Any]:
     """Run a training job to its end and return (and optionally write) its summary.
 
@@ -268,18 +271,20 @@ def train(
         out: where progress lines go.
         backend: "local" (one process per service here) or "ray" (one Ray actor per
             service, placed as ``config.ray`` says).
+        dashboard: serve the live dashboard at this ``HOST:PORT`` during the run.
 
     Raises:
         ConfigError: before any process starts, for any bad setting.
         ServiceFailed: if a service process fails.
     """
     plan = RunPlan.build(config, out, metrics_path)
+    plan.dashboard = dashboard
     launcher = _launcher(backend, plan)
     started = time.monotonic()
     reason = "failed"
     try:
         with run_token():
-            reason = run_local(launcher).reason
+            reason = launch_plan(plan, launcher).reason
     finally:
         wall = time.monotonic() - started
         if reason == "failed" and plan._metrics_file is not None:
@@ -550,6 +555,7 @@ def add_run_options(p: Any, *, run: bool = True) -> None:
     p.add_argument(
         "--metrics", metavar="PATH", help="write one JSON line of metrics every 2 s here"
     )
+    add_dashboard_options(p)
 
 
 def config_from_args(args: Any) -> RunConfig:
@@ -578,7 +584,11 @@ def _cmd_train(args: Any) -> int:
         flush=True,
     )
     summary = train(
-        config, summary_path=args.summary, metrics_path=args.metrics, backend=args.backend
+        config,
+        summary_path=args.summary,
+        metrics_path=args.metrics,
+        backend=args.backend,
+        dashboard=args.dashboard,
     )
     print(json.dumps(summary, indent=2))
     return 0
