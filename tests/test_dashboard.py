@@ -309,9 +309,13 @@ def test_a_training_run_is_watched_over_http_and_in_chromium(tmp_path: Path) -> 
     )
     try:
         assert proc.stdout is not None
-        lines = [proc.stdout.readline() for _ in range(2)]
-        assert lines[1].startswith("dashboard: http://127.0.0.1:"), lines
-        url = lines[1].split(" ", 1)[1].strip()
+        lines: list[str] = []
+        while len(lines) < 20 and lines[-1:] != [""]:  # printed before services start
+            lines.append(proc.stdout.readline())
+            if lines[-1].startswith("dashboard: "):
+                break
+        assert lines[-1].startswith("dashboard: http://127.0.0.1:"), lines
+        url = lines[-1].split(" ", 1)[1].strip()
         first = _wait_for(url + "api/status", lambda s: s["counters"]["episodes"] > 0)
         second = _wait_for(
             url + "api/status",

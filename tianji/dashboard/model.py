@@ -166,8 +166,27 @@ def _index(name: str) -> int | None:
     return int(suffix) if "-" in name and suffix.isdigit() else None
 
 
-def _queue_depth(hb: Heartbeat | None) -> int | None:
-    return None if hb is None else sum(hb.queue_depths.values())
+def _row(
+    name: str,
+    role: str,
+    state: str,
+    hb: Heartbeat | None,
+    *,
+    host: str | None = None,
+    pid: int | None = None,
+    age: float | None = None,
+) -> dict[str, Any]:
+    """One row of the services table (``index`` and ``restarts`` are added by the caller)."""
+    depth = None if hb is None else sum(hb.queue_depths.values())
+    return {
+        "name": name,
+        "role": role,
+        "host": host,
+        "pid": pid,
+        "state": state,
+        "last_heartbeat_age_s": age,
+        "queue_depth": depth,
+    }
 
 
 def services(
@@ -176,49 +195,27 @@ def services(
     """One row per service: registered ones, those that left (state ``left``) and expected
     ones that have not joined yet (state ``waiting``), sorted by name."""
     now = time.monotonic() if now is None else now
-    wall = time.time()
     rows: dict[str, dict[str, Any]] = {}
     for name, record in controller.registry.items():
         hb = record.last_heartbeat
-        rows[name] = {
-            "name": name,
-            "role": record.role,
-            "host": record.host,
-            "pid": record.pid,
-            "state": hb.state if hb is not None else "registered",
-            "last_heartbeat_age_s": None if hb is None else round(now - record.last_seen, 2),
-            "queue_depth": _queue_depth(hb),
-        }
+        rows[name] = _row(
+            name,
+            record.role,
+            hb.state if hb is not None else "registered",
+            hb,
+            host=record.host,
+            pid=record.pid,
+            age=None if hb is None else round(now - record.last_seen, 2),
+        )
     for name, hb in controller.heartbeats.items():
         if name not in rows:
-            age = round(max(0.0, wall - hb.sent_at), 2)
-            rows[name] = {
-                "name": name,
-                "role": hb.role,
-                "host": None,
-                "pid": None,
-                "state": "left",
-                "last_heartbeat_age_s": age,
-                "queue_depth": _queue_depth(hb),
-            }
+            age = round(max(0.0, time.time() - hb.sent_at), 2)
+            rows[name] = _row(name, hb.role, "left", hb, age=age)
     for name in expected:
-        rows.setdefault(
-            name,
-            {
-                "name": name,
-                "role": name.rsplit("-", 1)[0],
-                "host": None,
-                "pid": None,
-                "state": "waiting",
-                "last_heartbeat_age_s": None,
-                "queue_depth": None,
-            },
-        )
-    out = []
-    for name in sorted(rows):
-        # no service is restarted yet: the column is there for when one is
-        out.append({**rows[name], "index": _index(name), "restarts": 0})
-    return out
+        if name not in rows:
+            rows[name] = _row(name, name.rsplit("-", 1)[0], "waiting", None)
+    # no service is restarted yet: the column is there for when one is
+    return [rows[n] | {"index": _index(n), "restarts": 0} for n in sorted(rows)]
 
 
 def run_state(monitor: RunMonitor | None, finished: str | None) -> tuple[str, str | None]:
