@@ -119,6 +119,9 @@ def test_history_keeps_the_last_rows_and_new_episode_returns() -> None:
     assert [r.t for r in history.rows] == [2.0, 3.0, 4.0]
     assert history.last is not None and history.last.env_steps_per_s == 100.0
     assert len(history.episodes) == 10 and history.episodes[-1] == (500, 4.5)
+    assert history.window_start(4.0, 1.5) is history.rows[1]  # t=3.0
+    assert history.window_start(9.0, 1.0) is history.last
+    assert MetricsHistory().window_start(1.0, 5.0) is None
     body = history.to_json(since=3.0)
     assert [r["t"] for r in body["rows"]] == [4.0] and "mean_return" in body["columns"]
     assert body["episodes"][0] == {"env_steps": 100, "return": 0.0}

@@ -82,7 +82,8 @@ def sample(
     t: float,
     previous: Sample | None = None,
 ) -> Sample:
-    """The run's counters now; rates from ``previous`` (the last sample) where given."""
+    """The run's counters now; the env-step rate since ``previous`` where given (actors
+    report per fragment, so a window of a few seconds gives a steadier rate)."""
     beats = controller.heartbeats
     obs = Balancer.observe(beats, {})
     steps = monitor.env_steps if monitor is not None else 0
@@ -128,6 +129,16 @@ class MetricsHistory:
     def last(self) -> Sample | None:
         """The newest row, if any."""
         return self.rows[-1] if self.rows else None
+
+    def window_start(self, t: float, window: float) -> Sample | None:
+        """The oldest row at most ``window`` seconds before ``t`` (the newest row when all
+        are older; ``None`` when there is none): the start of a rate over ``window``."""
+        found = None
+        for row in reversed(self.rows):
+            if row.t < t - window:
+                break
+            found = row
+        return found if found is not None else self.last
 
     def add(self, row: Sample, recent_returns: Sequence[float] = ()) -> None:
         """Append a row; ``recent_returns`` are the monitor's latest returns (oldest first),

@@ -39,6 +39,7 @@ __all__ = ["Dashboard", "make_app"]
 
 log = logging.getLogger("tianji.dashboard")
 STATIC = resources.files("tianji.dashboard") / "static"
+RATE_WINDOW = 5.0  # seconds over which env steps per second are measured, as the balancer does
 CONTENT_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css"}
 
 
@@ -88,7 +89,8 @@ class Dashboard:
     def take_sample(self) -> None:
         """Append one sample of the run to the history now."""
         monitor = self.monitor()
-        row = sample(self.controller, monitor, self.elapsed(), self.history.last)
+        now = self.elapsed()
+        row = sample(self.controller, monitor, now, self.history.window_start(now, RATE_WINDOW))
         self.history.add(row, list(monitor.returns) if monitor is not None else ())
 
     def status(self) -> dict[str, Any]:

@@ -32,7 +32,7 @@ function extent(values, zero) {
 }
 
 // Axes with min/max ticks; returns functions mapping data to pixels.
-function frame(svg, xs, ys, xlabel, zeroY) {
+function frame(svg, xs, ys, xlabel, zeroY, xticks = true) {
   svg.replaceChildren();
   const [x0, x1] = extent(xs, false), [y0, y1] = extent(ys, zeroY);
   const pw = W - PAD.left - PAD.right, ph = H - PAD.top - PAD.bottom;
@@ -46,8 +46,10 @@ function frame(svg, xs, ys, xlabel, zeroY) {
   el("line", { class: "axis", x1: PAD.left, x2: PAD.left, y1: PAD.top, y2: H - PAD.bottom }, svg);
   el("line", { class: "axis", x1: PAD.left, x2: W - PAD.right, y1: H - PAD.bottom, y2: H - PAD.bottom }, svg);
   const base = H - PAD.bottom + 16;
-  el("text", { x: PAD.left, y: base }, svg).textContent = fmt(x0);
-  el("text", { x: W - PAD.right, y: base, "text-anchor": "end" }, svg).textContent = fmt(x1);
+  if (xticks) {
+    el("text", { x: PAD.left, y: base }, svg).textContent = fmt(x0);
+    el("text", { x: W - PAD.right, y: base, "text-anchor": "end" }, svg).textContent = fmt(x1);
+  }
   el("text", { x: PAD.left + pw / 2, y: base, "text-anchor": "middle" }, svg).textContent = xlabel;
   return { sx, sy };
 }
@@ -79,9 +81,10 @@ function barPlot(svg, histogram) {
   if (total === 0) return empty(svg, "no sample consumed yet");
   const lo = Math.min(0, keys[0]), hi = keys[keys.length - 1];
   const fractions = keys.map((k) => histogram[k] / total);
-  frame(svg, [lo - 0.5, hi + 0.5], fractions.concat([0]), "lag (versions); share of consumed samples", true);
+  const ymax = 1.15 * Math.max(...fractions);  // room for the labels above the bars
+  frame(svg, [lo - 0.5, hi + 0.5], [0, ymax], "lag (versions); share of consumed samples", true, false);
   const pw = W - PAD.left - PAD.right, ph = H - PAD.top - PAD.bottom;
-  const step = pw / (hi - lo + 1), ymax = Math.max(...fractions);
+  const step = pw / (hi - lo + 1);
   const g = el("g", { class: "bars", "data-series": "lag", "data-points": keys.length }, svg);
   keys.forEach((k, i) => {
     const h = (fractions[i] / ymax) * ph, x = PAD.left + (k - lo) * step + step * 0.15;
