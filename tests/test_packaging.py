@@ -46,6 +46,8 @@ def test_a_regular_install_puts_transports_and_algorithms_under_tianji(tmp_path:
     assert (site / "bin" / "tianji").is_file()
     for init in (ROOT / "tianji").rglob("__init__.py"):  # every subpackage is installed
         assert (site / init.relative_to(ROOT)).is_file(), init
+    for name in ("index.html", "dashboard.js"):  # the dashboard's page is package data
+        assert (site / "tianji" / "dashboard" / "static" / name).is_file(), name
     env = {**os.environ, "PYTHONPATH": str(site)}
     where = _python(f"{IMPORTS}; print(tianji.transports.tcp.__file__)", tmp_path, env)
     assert where.startswith(str(site)), where

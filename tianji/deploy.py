@@ -32,9 +32,9 @@ from typing import Any, TextIO
 
 from tianji import transports
 from tianji.config import RunConfig, to_dict
+from tianji.dashboard import launch_plan
 from tianji.errors import ConfigError, ServiceFailed
 from tianji.launch.hosts import HostLauncher
-from tianji.launch.local import run_local
 from tianji.launch.spec import build_service
 from tianji.runtime import run
 from tianji.service import Service
@@ -125,8 +125,10 @@ def run_controller(
     summary_path: str | None = None,
     metrics_path: str | None = None,
     out: TextIO = sys.stdout,
+    dashboard: str | None = None,
 ) -> dict[str, Any]:
-    """Run the controller and monitor of a run whose services join from anywhere.
+    """Run the controller and monitor of a run whose services join from anywhere
+    (and the live dashboard at ``dashboard``, ``HOST:PORT``, when given).
 
     Raises:
         ConfigError: for a bad config or bind address, before anything listens.
@@ -134,6 +136,7 @@ def run_controller(
     """
     host = _host_of(bind)
     plan = RunPlan.build(config, out, metrics_path)
+    plan.dashboard = dashboard
     monitor_bind = f"tcp://{'[' + host + ']' if ':' in host else host}:0"
     launcher = HostLauncher(
         [s.name for s in plan.specs],
@@ -159,7 +162,7 @@ def run_controller(
     )
     with plan.recording():
         started = time.monotonic()
-        reason = run_local(launcher).reason
+        reason = launch_plan(plan, launcher).reason
         return plan.finish(launcher.controller, reason, time.monotonic() - started, summary_path)
 
 
@@ -272,6 +275,7 @@ def _cmd_controller(args: Any) -> int:
         rejoin_timeout=args.rejoin_timeout,
         summary_path=args.summary,
         metrics_path=args.metrics,
+        dashboard=args.dashboard,
     )
     print(json.dumps(summary, indent=2))
     return 0

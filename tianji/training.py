@@ -26,10 +26,11 @@ from tianji.balance import balance_config
 from tianji.config import RunConfig, to_dict
 from tianji.controller import Controller, accounting, dropped_by_reason, lag_summary
 from tianji.core import BufferSpec
+from tianji.dashboard import add_dashboard_options, launch_plan
 from tianji.errors import ConfigError, ServiceFailed
 from tianji.events import EpisodesFinished
 from tianji.launch.base import Launcher
-from tianji.launch.local import LocalLauncher, run_local
+from tianji.launch.local import LocalLauncher
 from tianji.launch.spec import ServiceSpec
 from tianji.progress import RunFacts, Snapshot, learner_totals, plain_line, take_snapshot
 from tianji.rundir import RunRecorder, write_json_atomic
@@ -186,6 +187,7 @@ class RunPlan:
     on_policy: bool
     out: TextIO
     metrics_path: str | None = None
+    dashboard: str | None = None  # HOST:PORT of the live dashboard, None: no dashboard
     monitor: TrainMonitor | None = None
     recorder: RunRecorder | None = None
     _last: Snapshot | None = None
@@ -299,6 +301,7 @@ def train(
     metrics_path: str | None = None,
     out: TextIO = sys.stdout,
     backend: str = "local",
+    dashboard: str | None = None,
 ) -> dict[str, Any]:
     """Run a training job to its end and return (and optionally write) its summary.
 
@@ -312,17 +315,19 @@ def train(
         out: where progress goes: a live table on a terminal, else plain lines.
         backend: "local" (one process per service here) or "ray" (one Ray actor per
             service, placed as ``config.ray`` says).
+        dashboard: serve the live dashboard at this ``HOST:PORT`` during the run.
 
     Raises:
         ConfigError: before any process starts, for any bad setting.
         ServiceFailed: if a service process fails.
     """
     plan = RunPlan.build(config, out, metrics_path)
+    plan.dashboard = dashboard
     launcher = _launcher(backend, plan)
     with plan.recording():
         started = time.monotonic()
         with run_token():
-            reason = run_local(launcher).reason
+            reason = launch_plan(plan, launcher).reason
         wall = time.monotonic() - started
         return plan.finish(launcher.controller, reason, wall, summary_path, backend)
 
@@ -553,6 +558,7 @@ def _add_record_options(p: Any) -> None:
     where.add_argument(
         "--no-run-dir", action="store_true", help='write no run directory (run_dir = "")'
     )
+    add_dashboard_options(p)
 
 
 def config_from_args(args: Any) -> RunConfig:
@@ -583,7 +589,11 @@ def _cmd_train(args: Any) -> int:
         flush=True,
     )
     summary = train(
-        config, summary_path=args.summary, metrics_path=args.metrics, backend=args.backend
+        config,
+        summary_path=args.summary,
+        metrics_path=args.metrics,
+        backend=args.backend,
+        dashboard=args.dashboard,
     )
     print(json.dumps(summary, indent=2))
     return 0
