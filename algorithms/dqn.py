@@ -312,6 +312,23 @@ class DQN:
         load_numpy_weights(self.q, weights)
         self.version = version
 
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a learner needs to continue (see ``tianji.checkpoint``): online and
+        target networks, Adam's moments, the update count."""
+        return {
+            "q": self.q.state_dict(),
+            "q_target": self.q_target.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "version": self.version,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from :meth:`state_dict` (same config and spaces)."""
+        self.q.load_state_dict(state["q"])
+        self.q_target.load_state_dict(state["q_target"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.version = int(state["version"])
+
     def buffer_spec(self) -> BufferSpec:
         """Uniform or prioritized replay over flat transitions."""
         c = self.config

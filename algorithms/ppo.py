@@ -350,6 +350,21 @@ class PPO:
         load_numpy_weights(self.net, weights)
         self.version = version
 
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a learner needs to continue (see ``tianji.checkpoint``): actor-critic
+        (with the log-std), Adam's moments and learning rate, the update count."""
+        return {
+            "net": self.net.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "version": self.version,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from :meth:`state_dict` (same config and spaces)."""
+        self.net.load_state_dict(state["net"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.version = int(state["version"])
+
     def buffer_spec(self) -> BufferSpec:
         """A FIFO of fragments; ``fragments_per_batch`` of them make one learner batch."""
         c = self.config
