@@ -184,6 +184,32 @@ class ControllerConfig:
             raise ConfigError("controller.report_interval", self.report_interval, "0 .. 1 s")
 
 
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointConfig:
+    """``[checkpoint]``: learner checkpoints into the run directory (``tianji.checkpoint``).
+
+    Learner-0 takes one when either trigger fires (0 turns a trigger off); none are taken
+    without a run directory (``run_dir = ""``)."""
+
+    every_updates: int = 0
+    """Every this many learner updates."""
+    every_seconds: float = 60.0
+    """At most this many seconds apart (counted from the learner's start)."""
+    keep: int = 3
+    """Newest checkpoints kept; older ones are deleted once a new one is written."""
+
+    def __post_init__(self) -> None:
+        if self.every_updates < 0:
+            raise ConfigError("checkpoint.every_updates", self.every_updates, "an int >= 0")
+        if not 0 <= self.every_seconds < float("inf"):
+            raise ConfigError("checkpoint.every_seconds", self.every_seconds, "seconds >= 0")
+        _positive("checkpoint", self, ("keep",))
+
+    @property
+    def enabled(self) -> bool:
+        return self.every_updates > 0 or self.every_seconds > 0
+
+
 RAY_ROLES = ("actor", "buffer", "learner", "params", "inference")
 RAY_DEFAULT_CPUS = {"actor": 0.5, "learner": 0.5, "buffer": 0.2, "params": 0.1, "inference": 0.2}
 """CPUs per service of each role on Ray: two actors, learner, buffer and params take 1.8,
@@ -243,6 +269,7 @@ class RunConfig:
     stop: StopConfig = dataclasses.field(default_factory=StopConfig)
     controller: ControllerConfig = dataclasses.field(default_factory=ControllerConfig)
     ray: RayConfig = dataclasses.field(default_factory=RayConfig)
+    checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
     algo: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Fields of the algorithm's own ``Config`` (checked against it)."""
 

@@ -27,6 +27,8 @@ __all__ = [
     "ActionsComputed",
     "ArraysPublished",
     "BatchRequested",
+    "CheckpointRestored",
+    "CheckpointTaken",
     "EpisodesFinished",
     "Event",
     "EventInfo",
@@ -287,6 +289,24 @@ class ParamsPublished(Event):
 
     policy_version: int
     weights: dict[str, np.ndarray]
+
+
+@event
+class CheckpointTaken(Event):
+    """Fact: learner-0 packed its whole state (``tianji.checkpoint.pack_state`` bytes as a
+    uint8 array) at ``policy_version``; the run's monitor writes it into the run directory."""
+
+    policy_version: int
+    state: np.ndarray
+
+
+@event
+class CheckpointRestored(Event):
+    """Command a (resumed) learner to continue from this packed state at ``policy_version``
+    (sent by the run's monitor to every learner that subscribes)."""
+
+    policy_version: int
+    state: np.ndarray
 
 
 @event

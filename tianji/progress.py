@@ -65,6 +65,11 @@ class RunFacts:
     buffer_capacity: int = 0
     """All buffer shards' capacity, in the buffer's unit (transitions or fragments)."""
     on_policy: bool = False
+    start_env_steps: int = 0
+    """Env steps before this run started (a resumed run continues its checkpoint's count):
+    the first interval's rate counts from here."""
+    start_updates: int = 0
+    """Learner updates (policy version) before this run started."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -184,10 +189,17 @@ def take_snapshot(
         episodes=monitor.episodes,
         window=monitor.returns.maxlen or 0,
         mean_return=monitor.mean_return(),
-        updates=totals["updates"],
+        updates=max(totals["updates"], facts.start_updates),
         consumed=totals["consumed"],
-        env_steps_per_s=_rate(monitor.env_steps, _prev(previous, "env_steps"), elapsed, previous),
-        updates_per_s=_rate(totals["updates"], _prev(previous, "updates"), elapsed, previous),
+        env_steps_per_s=_rate(
+            monitor.env_steps,
+            _prev(previous, "env_steps", facts.start_env_steps),
+            elapsed,
+            previous,
+        ),
+        updates_per_s=_rate(
+            totals["updates"], _prev(previous, "updates", facts.start_updates), elapsed, previous
+        ),
         lag_counts=counts,
         lag_sum=lag_sum,
         lag=_interval_lag(counts, lag_sum, previous),
@@ -204,8 +216,8 @@ def take_snapshot(
     )
 
 
-def _prev(previous: Snapshot | None, field: str) -> float:
-    return float(getattr(previous, field)) if previous is not None else 0.0
+def _prev(previous: Snapshot | None, field: str, start: int = 0) -> float:
+    return float(getattr(previous, field)) if previous is not None else float(start)
 
 
 # ---------------------------------------------------------------------------- formats

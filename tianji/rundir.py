@@ -7,7 +7,12 @@ Every ``tianji train`` (and ``tianji controller``) run gets its own directory
     metrics.jsonl    one JSON row per progress interval (tianji.progress.metrics_row)
     tb/              TensorBoard event files: scalars per interval, step = env steps
     summary.json     the run's summary, written when it ends
-    checkpoints/     reserved for checkpoints (not written yet)
+    checkpoints/     ckpt-<policy version>.tjc, the newest ``checkpoint.keep`` of them
+                     (``tianji.checkpoint``)
+
+``tianji train --resume RUN_DIR`` continues a run in its own directory: the metrics rows
+are appended, TensorBoard drops what was logged after the checkpoint's env step, and the
+counters go on from the checkpoint (:func:`resume_point`).
 
 :class:`RunRecorder` ties the records of one run together with its progress display; it is
 opened before any service starts and closed on every exit path.
@@ -26,7 +31,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from tianji.config import RunConfig, to_dict
+from tianji.checkpoint import Checkpoint, latest_checkpoint, read_checkpoint
+from tianji.config import RunConfig, load_config, to_dict
 from tianji.errors import ConfigError
 from tianji.progress import (
     LiveDisplay,
@@ -37,7 +43,15 @@ from tianji.progress import (
     scalars,
 )
 
-__all__ = ["RunDirectory", "RunRecorder", "TensorBoard", "run_name", "write_json_atomic"]
+__all__ = [
+    "RESUME_MUST_MATCH",
+    "RunDirectory",
+    "RunRecorder",
+    "TensorBoard",
+    "resume_point",
+    "run_name",
+    "write_json_atomic",
+]
 
 
 def run_name(config: RunConfig) -> str:
@@ -93,6 +107,19 @@ class RunDirectory:
             raise ConfigError("run_dir", str(root), why) from None
         raise AssertionError("unreachable")  # pragma: no cover
 
+    @classmethod
+    def existing(cls, path: str | Path) -> RunDirectory:
+        """A run directory written before (it must hold ``config.json``).
+
+        Raises:
+            ConfigError: naming ``--resume`` and the path when it is not a run directory.
+        """
+        directory = cls(Path(path))
+        if not directory.config.is_file():
+            why = "a run directory of an earlier run (with config.json)"
+            raise ConfigError("--resume", str(path), why)
+        return directory
+
     @property
     def config(self) -> Path:
         return self.path / "config.json"
@@ -119,13 +146,49 @@ class RunDirectory:
         write_json_atomic(self.config, to_dict(config))
 
 
-class TensorBoard:
-    """Scalars into TensorBoard event files, through ``torch.utils.tensorboard``."""
+RESUME_MUST_MATCH = ("algorithm", "env", "algo")
+"""Config keys a resumed run must keep (the checkpoint's networks and spaces depend on them);
+everything else (actors, stop conditions, balance, ...) may change on resume."""
 
-    def __init__(self, logdir: Path, flush_secs: int = 10) -> None:
+
+def resume_point(path: str | Path, config: RunConfig) -> tuple[RunDirectory, Checkpoint]:
+    """The run directory at ``path`` and its newest checkpoint, for a run of ``config``
+    to continue from.
+
+    Raises:
+        ConfigError: when ``path`` is not a run directory, or ``config`` changes a key of
+            :data:`RESUME_MUST_MATCH` (naming the key and both values).
+        CheckpointError: when it holds no readable checkpoint, or the checkpoint is of
+            another algorithm or env.
+    """
+    from tianji.checkpoint import CheckpointError
+
+    directory = RunDirectory.existing(path)
+    before = to_dict(load_config(directory.config))
+    now = to_dict(config)
+    for key in RESUME_MUST_MATCH:
+        if before.get(key) != now.get(key):
+            why = f"{before.get(key)!r} as in {directory.config} (a resumed run keeps {key})"
+            raise ConfigError(key, now.get(key), why)
+    ckpt = read_checkpoint(latest_checkpoint(directory.path))
+    for key, want in (("algorithm", config.algorithm), ("env_id", config.env.id)):
+        if ckpt.meta.get(key, want) != want:
+            raise CheckpointError(ckpt.path, f"{key} is {ckpt.meta.get(key)!r}, not {want!r}")
+    return directory, ckpt
+
+
+class TensorBoard:
+    """Scalars into TensorBoard event files, through ``torch.utils.tensorboard``.
+
+    ``purge_step``: a resumed run's first step; events logged at or after it by the run
+    before (past its checkpoint) are hidden by TensorBoard."""
+
+    def __init__(self, logdir: Path, flush_secs: int = 10, purge_step: int | None = None) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self._writer: SummaryWriter | None = SummaryWriter(str(logdir), flush_secs=flush_secs)
+        self._writer: SummaryWriter | None = SummaryWriter(
+            str(logdir), flush_secs=flush_secs, purge_step=purge_step
+        )
 
     def add(self, values: Mapping[str, float], step: int) -> None:
         """One value per tag at ``step`` (ignored after :meth:`close`)."""
@@ -149,6 +212,8 @@ class RunRecorder:
         display: shows each snapshot.
         directory: the run directory, or ``None`` (``run_dir = ""``).
         metrics_path: another file for the metrics rows (``--metrics``).
+        resume_step: the env step a resumed run continues from (``None``: a new run): the
+            run directory's metrics rows are appended to, and TensorBoard purged from it.
     """
 
     def __init__(
@@ -156,37 +221,52 @@ class RunRecorder:
         display: PlainDisplay | LiveDisplay,
         directory: RunDirectory | None = None,
         metrics_path: str | None = None,
+        resume_step: int | None = None,
     ) -> None:
         self.display = display
         self.directory = directory
         self._metrics: list[TextIO] = []
         self._tensorboard: TensorBoard | None = None
         try:
-            paths = [directory.metrics] if directory is not None else []
-            paths += [Path(metrics_path)] if metrics_path else []
-            for path in paths:
-                self._metrics.append(open(path, "w"))  # noqa: SIM115 (closed in close())
+            resumed = resume_step is not None
+            paths = [(directory.metrics, resumed)] if directory is not None else []
+            paths += [(Path(metrics_path), False)] if metrics_path else []
+            for path, append in paths:
+                f = open(path, "a" if append else "w")  # noqa: SIM115 (closed in close())
+                self._metrics.append(f)
             if directory is not None:
-                self._tensorboard = TensorBoard(directory.tensorboard)
+                self._tensorboard = TensorBoard(directory.tensorboard, purge_step=resume_step)
         except BaseException:
             self.close()
             raise
 
     @classmethod
-    def open(cls, config: RunConfig, out: TextIO, metrics_path: str | None = None) -> RunRecorder:
+    def open(
+        cls,
+        config: RunConfig,
+        out: TextIO,
+        metrics_path: str | None = None,
+        resume: tuple[RunDirectory, int] | None = None,
+    ) -> RunRecorder:
         """The records of a run of ``config``: its run directory (with the resolved config,
-        its path printed to ``out``) unless ``config.run_dir`` is empty.
+        its path printed to ``out``) unless ``config.run_dir`` is empty; with ``resume``
+        (a run directory and the env step its checkpoint was taken at), that directory.
 
         Raises:
             ConfigError: when the run directory cannot be created.
         """
         directory = None
-        if config.run_dir:
+        step = None
+        if resume is not None:
+            directory, step = resume
+            directory.write_config(config)
+            print(f"run directory: {directory.path} (resumed)", file=out, flush=True)
+        elif config.run_dir:
             directory = RunDirectory.create(config.run_dir, run_name(config))
             directory.write_config(config)
             print(f"run directory: {directory.path}", file=out, flush=True)
         title = f"tianji: {config.algorithm} on {config.env.id}"
-        return cls(make_display(out, title), directory, metrics_path)
+        return cls(make_display(out, title), directory, metrics_path, step)
 
     def record(self, snapshot: Snapshot) -> None:
         """Show a snapshot and write its metrics row and TensorBoard scalars."""

@@ -8,7 +8,6 @@ also decides when the run is done: target return, env-step budget or time budget
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 import json
@@ -19,102 +18,25 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
-import numpy as np
-
 from tianji import progress as _progress
 from tianji.balance import balance_config
+from tianji.checkpoint import Checkpoint
 from tianji.config import RunConfig, to_dict
 from tianji.controller import Controller, accounting, dropped_by_reason, lag_summary
 from tianji.core import BufferSpec
 from tianji.dashboard import add_dashboard_options, launch_plan
 from tianji.errors import ConfigError, ServiceFailed
-from tianji.events import EpisodesFinished
 from tianji.launch.base import Launcher
 from tianji.launch.local import LocalLauncher
 from tianji.launch.spec import ServiceSpec
+from tianji.monitor import TrainMonitor
 from tianji.progress import RunFacts, Snapshot, learner_totals, plain_line, take_snapshot
-from tianji.rundir import RunRecorder, write_json_atomic
+from tianji.rundir import RunDirectory, RunRecorder, resume_point, write_json_atomic
 from tianji.service import Service
-from tianji.services import EPISODES, buffer_name, learner_name
+from tianji.services import buffer_name, learner_name
 from tianji.services.common import make_algorithm
 
 __all__ = ["RunPlan", "TrainMonitor", "build_specs", "train"]
-
-
-class TrainMonitor(Service):
-    """Follows training episodes and env steps; says when the run is done."""
-
-    role = "monitor"
-
-    def __init__(self, name: str, *, stop: Any, **kwargs: Any) -> None:
-        super().__init__(name, **kwargs)
-        self.stop_config = stop
-        self.started = time.monotonic()
-        self.returns: collections.deque[float] = collections.deque(maxlen=stop.window)
-        self.env_steps_by_actor: dict[str, int] = {}
-        self.episodes = 0
-        self.first_data: float | None = None  # seconds until the first fragment arrived
-        self.time_to_target: float | None = None
-        self.target_unix: float | None = None  # wall clock when the target was reached
-        self.stopped: tuple[float, int] | None = None  # (seconds, env steps) at the stop
-        self.steps_to_target: int | None = None
-        self.subscribe(EPISODES, self.on_episodes)
-
-    def restart_clock(self) -> None:
-        """Count the run's time from now (a deployment by hand starts its clock once every
-        service has joined, not while the services are still being started)."""
-        self.started = time.monotonic()
-
-    @property
-    def env_steps(self) -> int:
-        return sum(self.env_steps_by_actor.values())
-
-    def mean_return(self) -> float | None:
-        return float(np.mean(self.returns)) if self.returns else None
-
-    async def on_episodes(self, ev: EpisodesFinished) -> None:
-        if self.first_data is None:
-            self.first_data = time.monotonic() - self.started
-        self.env_steps_by_actor[ev.actor] = ev.env_steps
-        self.returns.extend(ev.returns.tolist())
-        self.episodes += int(ev.returns.size)
-        mean = self.mean_return()
-        if mean is None:
-            return
-        elapsed = time.monotonic() - self.started
-        target = self.stop_config.target_return
-        full = len(self.returns) == self.returns.maxlen
-        if target is not None and self.time_to_target is None and full and mean >= target:
-            self.time_to_target = elapsed
-            self.target_unix = time.time()
-            self.steps_to_target = self.env_steps
-
-    def done(self) -> str | None:
-        """Why the run should stop now, or ``None``; the first time it says so, the run's
-        length and env steps are recorded (:attr:`stopped`), before shutdown."""
-        reason = self._why_done()
-        if reason is not None and self.stopped is None:
-            self.stopped = (time.monotonic() - self.started, self.env_steps)
-        return reason
-
-    def _why_done(self) -> str | None:
-        cfg = self.stop_config
-        if self.time_to_target is not None:
-            return "target_return reached"
-        if cfg.max_env_steps is not None and self.env_steps >= cfg.max_env_steps:
-            return "max_env_steps reached"
-        if cfg.max_seconds is not None and time.monotonic() - self.started >= cfg.max_seconds:
-            return "max_seconds reached"
-        return None
-
-    def running_rate(self, count: int | None = None) -> float:
-        """Env steps (or ``count``, e.g. learner updates) per second from the first fragment
-        to the stop decision (not counting process start-up and shutdown)."""
-        if self.first_data is None:
-            return 0.0
-        length, steps = self.stopped or (time.monotonic() - self.started, self.env_steps)
-        steps = steps if count is None else count
-        return steps / (length - self.first_data) if length > self.first_data else 0.0
 
 
 def _binds(transport: str) -> tuple[str, str]:
@@ -190,16 +112,23 @@ class RunPlan:
     dashboard: str | None = None  # HOST:PORT of the live dashboard, None: no dashboard
     monitor: TrainMonitor | None = None
     recorder: RunRecorder | None = None
+    resume: tuple[RunDirectory, Checkpoint] | None = None
     _last: Snapshot | None = None
 
     @classmethod
     def build(
-        cls, config: RunConfig, out: TextIO = sys.stdout, metrics_path: str | None = None
+        cls,
+        config: RunConfig,
+        out: TextIO = sys.stdout,
+        metrics_path: str | None = None,
+        resume: str | None = None,
     ) -> RunPlan:
-        """Validate everything (keys, algorithm, env id, spaces, mode) and plan the run.
+        """Validate everything (keys, algorithm, env id, spaces, mode) and plan the run;
+        with ``resume`` (a run directory), plan it to continue from its newest checkpoint.
 
         Raises:
             ConfigError: for any bad setting, before any process starts.
+            CheckpointError: when ``resume`` holds no usable checkpoint.
         """
         algo = make_algorithm(config, seed=config.seed, device="cpu")  # validates everything
         spec: BufferSpec = algo.buffer_spec()
@@ -207,15 +136,32 @@ class RunPlan:
         fragment_samples = config.actors.fragment_length * config.actors.envs_per_actor
         balance = balance_config(config, spec, fragment_samples)  # validates the mode
         specs = build_specs(config, dataclasses.asdict(spec))
-        return cls(config, specs, balance, spec.kind == "rollout", out, metrics_path)
+        plan = cls(config, specs, balance, spec.kind == "rollout", out, metrics_path)
+        if resume is not None:
+            plan.resume = resume_point(resume, config)
+            for s in specs:
+                if s.factory == "tianji.services.learner:LearnerService":
+                    s.options["restore"] = True
+        return plan
+
+    @property
+    def checkpoint(self) -> Checkpoint | None:
+        """The checkpoint a resumed run continues from."""
+        return self.resume[1] if self.resume is not None else None
 
     def local_services(self, bind: str, advertise: str = "") -> Callable[[str], list[Service]]:
         """The launcher's ``local_services``: the run's monitor, bound at ``bind``."""
 
         def make(controller_address: str) -> list[Service]:
+            directory = self.recorder.directory if self.recorder is not None else None
+            config = self.config
             self.monitor = TrainMonitor(
                 "monitor",
-                stop=self.config.stop,
+                stop=config.stop,
+                checkpoints=directory.checkpoints if directory is not None else None,
+                keep=config.checkpoint.keep,
+                identity={"algorithm": config.algorithm, "env_id": config.env.id},
+                resume=self.checkpoint,
                 bind=bind,
                 controller=controller_address,
                 advertise=advertise or None,
@@ -236,7 +182,11 @@ class RunPlan:
         Raises:
             ConfigError: when the run directory cannot be created (before anything starts).
         """
-        self.recorder = RunRecorder.open(self.config, self.out, self.metrics_path)
+        ckpt = self.checkpoint
+        resume = None
+        if self.resume is not None and ckpt is not None:
+            resume = (self.resume[0], int(ckpt.run.get("env_steps", 0)))
+        self.recorder = RunRecorder.open(self.config, self.out, self.metrics_path, resume)
         try:
             yield self.recorder
         finally:
@@ -246,7 +196,14 @@ class RunPlan:
         """What progress snapshots know of the run beyond heartbeats."""
         capacity = sum(s.options["buffer_spec"]["capacity"] for s in self.specs if _buffer(s))
         names = tuple(s.name for s in self.specs) if services else ()
-        return RunFacts(services=names, buffer_capacity=capacity, on_policy=self.on_policy)
+        ckpt = self.checkpoint
+        return RunFacts(
+            services=names,
+            buffer_capacity=capacity,
+            on_policy=self.on_policy,
+            start_env_steps=int(ckpt.run.get("env_steps", 0)) if ckpt is not None else 0,
+            start_updates=ckpt.policy_version if ckpt is not None else 0,
+        )
 
     def progress(self, controller: Controller, elapsed: float) -> None:
         """Snapshot the run; show it, write its metrics row and TensorBoard scalars."""
@@ -302,6 +259,7 @@ def train(
     out: TextIO = sys.stdout,
     backend: str = "local",
     dashboard: str | None = None,
+    resume: str | None = None,
 ) -> dict[str, Any]:
     """Run a training job to its end and return (and optionally write) its summary.
 
@@ -316,12 +274,15 @@ def train(
         backend: "local" (one process per service here) or "ray" (one Ray actor per
             service, placed as ``config.ray`` says).
         dashboard: serve the live dashboard at this ``HOST:PORT`` during the run.
+        resume: continue the run in this run directory from its newest checkpoint (learner
+            state, policy version, env steps, episodes); its records are appended to.
 
     Raises:
         ConfigError: before any process starts, for any bad setting.
+        CheckpointError: when ``resume`` holds no usable checkpoint.
         ServiceFailed: if a service process fails.
     """
-    plan = RunPlan.build(config, out, metrics_path)
+    plan = RunPlan.build(config, out, metrics_path, resume)
     plan.dashboard = dashboard
     launcher = _launcher(backend, plan)
     with plan.recording():
@@ -425,6 +386,9 @@ def summarize(
     """The summary JSON of a finished run (see the README for its keys)."""
     totals = learner_totals(controller)
     env_steps = monitor.env_steps
+    here = monitor.env_steps_here  # a resumed run's rates count this part of it only
+    resumed = monitor.resume
+    start_updates = resumed.policy_version if resumed is not None else 0
     return {
         "algorithm": config.algorithm,
         "env_id": config.env.id,
@@ -439,10 +403,12 @@ def summarize(
         "learners": config.learner.count,
         "learner_updates": totals["updates"],
         "wall_s": round(wall, 3),
-        "env_steps_per_s": round(env_steps / wall, 1) if wall > 0 else 0.0,
+        "env_steps_per_s": round(here / wall, 1) if wall > 0 else 0.0,
         "startup_s": round(monitor.first_data, 3) if monitor.first_data is not None else None,
         "env_steps_per_s_running": round(monitor.running_rate(), 1),
-        "learner_updates_per_s_running": round(monitor.running_rate(totals["updates"]), 2),
+        "learner_updates_per_s_running": round(
+            monitor.running_rate(totals["updates"] - start_updates), 2
+        ),
         "samples_produced": _sum(controller, "actor-", "samples_produced"),
         "samples_consumed": totals["consumed"],
         "samples_dropped": dropped_by_reason(controller.heartbeats),
@@ -458,6 +424,12 @@ def summarize(
             controller.balancer.metrics(controller.heartbeats) if controller.balancer else None
         ),
         "accounting": accounting(controller.heartbeats, on_policy),
+        "resumed_from": _resumed(monitor),
+        "checkpoints": {
+            "written": monitor.counters["checkpoints_written"],
+            "errors": monitor.counters["checkpoint_errors"],
+            "latest": str(monitor.last_checkpoint) if monitor.last_checkpoint else None,
+        },
         "services": {
             name: {
                 "role": hb.role,
@@ -465,6 +437,21 @@ def summarize(
             }
             for name, hb in sorted(controller.heartbeats.items())
         },
+    }
+
+
+def _resumed(monitor: TrainMonitor) -> dict[str, Any] | None:
+    """Where a resumed run continued from (its checkpoint and the counts then)."""
+    ckpt = monitor.resume
+    if ckpt is None:
+        return None
+    run = ckpt.run
+    return {
+        "checkpoint": str(ckpt.path),
+        "policy_version": ckpt.policy_version,
+        "env_steps": run.get("env_steps"),
+        "episodes": run.get("episodes"),
+        "elapsed_s": run.get("elapsed_s"),
     }
 
 
@@ -487,7 +474,7 @@ SHORTCUTS = {
 def add_train_parser(sub: Any) -> None:
     """Add ``tianji train`` to the CLI's subparsers."""
     p = sub.add_parser("train", help="train an algorithm from a TOML run config")
-    add_run_options(p)
+    add_run_options(p, resume=True)
     p.add_argument(
         "--transport", choices=["inproc", "tcp", "shm"], help="inproc: all services in one process"
     )
@@ -508,11 +495,25 @@ def add_train_parser(sub: Any) -> None:
     p.set_defaults(func=_cmd_train)
 
 
-def add_run_options(p: Any, *, run: bool = True) -> None:
+def add_run_options(p: Any, *, run: bool = True, resume: bool = False) -> None:
     """The config argument and ``--set`` (and with ``run``, the options of a whole run:
     shortcuts, stop conditions, ``--summary``, ``--metrics``, ``--run-dir``) shared by
-    ``tianji train``, ``tianji controller`` and ``tianji serve``."""
-    p.add_argument("config", help="run config (TOML), e.g. examples/cartpole_ppo.toml")
+    ``tianji train``, ``tianji controller`` and ``tianji serve``; with ``resume``,
+    ``--resume RUN_DIR`` (and the config may be left out: the run directory's is used)."""
+    if resume:
+        p.add_argument(
+            "config",
+            nargs="?",
+            help="run config (TOML), e.g. examples/cartpole_ppo.toml "
+            "(with --resume: default RUN_DIR/config.json)",
+        )
+        p.add_argument(
+            "--resume",
+            metavar="RUN_DIR",
+            help="continue this run directory's run from its newest checkpoint",
+        )
+    else:
+        p.add_argument("config", help="run config (TOML), e.g. examples/cartpole_ppo.toml")
     p.add_argument(
         "--set",
         action="append",
@@ -572,7 +573,13 @@ def config_from_args(args: Any) -> RunConfig:
             overrides.append(f"{key}={json.dumps(value)}")
     if getattr(args, "no_run_dir", False):
         overrides.append('run_dir=""')
-    return load_config(args.config, overrides)
+    path = args.config
+    resume = getattr(args, "resume", None)
+    if path is None:
+        if resume is None:
+            raise ConfigError("config", None, "a run config (TOML), or --resume RUN_DIR")
+        path = str(RunDirectory.existing(resume).config)
+    return load_config(path, overrides)
 
 
 def _cmd_train(args: Any) -> int:
@@ -594,6 +601,7 @@ def _cmd_train(args: Any) -> int:
         metrics_path=args.metrics,
         backend=args.backend,
         dashboard=args.dashboard,
+        resume=args.resume,
     )
     print(json.dumps(summary, indent=2))
     return 0

@@ -10,6 +10,8 @@ from __future__ import annotations
 from tianji.events import (
     ActionsComputed,
     BatchRequested,
+    CheckpointRestored,
+    CheckpointTaken,
     EpisodesFinished,
     GradientsShared,
     ObservationsReady,
@@ -31,7 +33,9 @@ __all__ = [
     "trajectories_topic",
     "gradients_topic",
     "learner_name",
+    "CHECKPOINTS",
     "EPISODES",
+    "RESTORE",
     "LATEST_PARAMS",
     "LEARNER_PARAMS",
     "PRIORITIES",
@@ -51,6 +55,10 @@ REQUESTS = topic(BatchRequested)
 """Learner -> buffer: credit for more sample batches."""
 PRIORITIES = topic(PrioritiesUpdated)
 """Learner -> buffer: new priorities for prioritized replay."""
+CHECKPOINTS = topic(CheckpointTaken)
+"""Learner-0 -> monitor: packed learner state to write as a checkpoint."""
+RESTORE = topic(CheckpointRestored)
+"""Monitor -> learners (resumed run): the state to continue from, sent on subscription."""
 OBSERVATIONS = topic(ObservationsReady)
 """Actors -> inference service: observations that need actions."""
 

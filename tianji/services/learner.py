@@ -8,6 +8,12 @@ With ``learner.count = K > 1`` there are K data-parallel learners ``learner-0..K
 each asks the buffer for its own batches, and they average their gradients at every
 optimizer step (:mod:`tianji.services.allreduce`), so all hold identical weights;
 only ``learner-0`` publishes them.
+
+Learner-0 also takes the checkpoints (``[checkpoint]``): every ``every_updates`` updates
+or ``every_seconds`` seconds it packs its algorithm's whole state between two updates and
+publishes it (:class:`CheckpointTaken`) to the run's monitor, which writes it. A resumed
+run's learners (``restore=True``) wait for the state to continue from
+(:class:`CheckpointRestored`) before anything else.
 """
 
 from __future__ import annotations
@@ -19,10 +25,13 @@ from typing import Any
 import numpy as np
 
 from tianji.balance import LagStats
+from tianji.checkpoint import algorithm_state, pack_state, restore_algorithm, unpack_state
 from tianji.core import SupportsGradientSync
 from tianji.errors import ConfigError, SyncFailed
 from tianji.events import (
     BatchRequested,
+    CheckpointRestored,
+    CheckpointTaken,
     ConsumptionGranted,
     Event,
     ParamsPublished,
@@ -31,8 +40,10 @@ from tianji.events import (
 )
 from tianji.service import Service
 from tianji.services import (
+    CHECKPOINTS,
     LEARNER_PARAMS,
     REQUESTS,
+    RESTORE,
     batches_topic,
     buffer_name,
     gradients_topic,
@@ -53,6 +64,9 @@ class LearnerService(Service):
     its cumulative ``samples_consumed``; unlimited until the first grant), so an
     off-policy learner that runs ahead of the actors waits for data.
 
+    Args:
+        restore: wait for a :class:`CheckpointRestored` and continue from it (a resumed run).
+
     Raises:
         ConfigError: for an ``index`` outside ``learner.count``, a name other than
             ``learner-<index>`` or an algorithm without ``gradient_sync`` when K > 1.
@@ -60,7 +74,17 @@ class LearnerService(Service):
 
     role = "learner"
 
-    def __init__(self, name: str, *, config: dict[str, Any], index: int = 0, **kwargs: Any) -> None:
+    RESTORE_TIMEOUT_S = 120.0
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        config: dict[str, Any],
+        index: int = 0,
+        restore: bool = False,
+        **kwargs: Any,
+    ) -> None:
         run = parse_run_config(config)
         count = run.learner.count
         shards = run.buffer.shards
@@ -70,7 +94,7 @@ class LearnerService(Service):
             for s in shards_of_learner(index, count, shards)
         }
         topics = [REQUESTS, *sorted(set(self._priorities.values()))]
-        topics += [LEARNER_PARAMS] if index == 0 else []
+        topics += [LEARNER_PARAMS, CHECKPOINTS] if index == 0 else []
         if count > 1:
             topics.append(gradients_topic(name))
         super().__init__(name, publishes=topics, **kwargs)
@@ -98,6 +122,11 @@ class LearnerService(Service):
         self.gauges["held_samples"] = 0.0
         self.gauges["waiting_s"] = 0.0
         self.subscribe(batches_topic(name), self.on_batch)
+        self._restored: asyncio.Event | None = None
+        if restore:
+            self._restored = asyncio.Event()
+            self.subscribe(RESTORE, self.on_restore)
+        self._checkpointed = (0, 0.0)  # (version, loop time) of the last checkpoint
 
     def _make_allreduce(self, name: str, index: int, count: int) -> AllReduce | None:
         if not 0 <= index < count:
@@ -152,6 +181,49 @@ class LearnerService(Service):
         self.gauges["held_samples"] = float(self._held)
         await self._batches.put(ev)  # bounded, and the buffer sends only what we requested
 
+    async def on_restore(self, ev: CheckpointRestored) -> None:
+        """Continue from a checkpoint's state (once; a repeat is counted and ignored)."""
+        assert self._restored is not None
+        if self._restored.is_set():
+            self.counters["restores_ignored"] += 1
+            return
+        try:
+            restore_algorithm(self.algo, unpack_state(ev.state.tobytes()), ev.policy_version)
+        except (ValueError, KeyError, RuntimeError, TypeError) as exc:
+            self.fail(f"cannot restore the checkpoint at version {ev.policy_version}: {exc}")
+            return
+        self.version = ev.policy_version
+        self.counters["learner_updates"] = self.version
+        self.counters["restored_version"] = self.version
+        self._restored.set()
+
+    async def _wait_restored(self) -> bool:
+        assert self._restored is not None
+        try:
+            await asyncio.wait_for(self._restored.wait(), self.RESTORE_TIMEOUT_S)
+        except TimeoutError:
+            self.fail(f"resume: no checkpoint state arrived in {self.RESTORE_TIMEOUT_S:.0f} s")
+            return False
+        return True
+
+    async def _maybe_checkpoint(self) -> None:
+        """Learner-0: pack and publish the state when a ``[checkpoint]`` trigger fired
+        (between two updates, so the state is one update's, never half of one)."""
+        c = self.config.checkpoint
+        if self.index != 0 or not c.enabled or not self.subscriber_count(CHECKPOINTS):
+            return
+        now = asyncio.get_running_loop().time()
+        version, at = self._checkpointed
+        due = c.every_updates > 0 and self.version - version >= c.every_updates
+        due |= c.every_seconds > 0 and now - at >= c.every_seconds
+        if not due or self.version == version:
+            return
+        self._checkpointed = (self.version, now)
+        state = pack_state(algorithm_state(self.algo))
+        ev = CheckpointTaken(policy_version=self.version, state=np.frombuffer(state, np.uint8))
+        if await self.publish(ev, CHECKPOINTS):
+            self.counters["checkpoints_taken"] += 1
+
     async def on_control(self, ev: Event) -> None:
         if isinstance(ev, ConsumptionGranted):
             self.limit = None if ev.limit < 0 else ev.limit
@@ -195,6 +267,9 @@ class LearnerService(Service):
         import torch
 
         torch.set_num_threads(self.config.learner.torch_threads)
+        if self._restored is not None and not await self._wait_restored():
+            return
+        self._checkpointed = (self.version, asyncio.get_running_loop().time())
         if self.index == 0:
             await self.wait_subscribers(LEARNER_PARAMS)  # the params service
             await self._publish_weights()
@@ -285,3 +360,4 @@ class LearnerService(Service):
             )
         if self.index == 0 and self.version % self.config.learner.publish_interval == 0:
             await self._publish_weights()
+        await self._maybe_checkpoint()

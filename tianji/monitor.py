@@ -1,0 +1,185 @@
+"""The run's monitor: follows episodes and env steps, says when the run is done, writes
+checkpoints into the run directory and hands a resumed run's state to its learners.
+
+It runs beside the controller (in ``tianji train``'s or ``tianji controller``'s process),
+where the run directory is, so a learner on another host checkpoints into it too: the
+learner publishes its packed state (:class:`~tianji.events.CheckpointTaken`) and the
+monitor adds the run's counters and writes the file (:mod:`tianji.checkpoint`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tianji.checkpoint import Checkpoint, prune_checkpoints, write_checkpoint
+from tianji.core import Connection
+from tianji.events import CheckpointRestored, CheckpointTaken, EpisodesFinished
+from tianji.service import Service
+from tianji.services import CHECKPOINTS, EPISODES, RESTORE
+
+__all__ = ["TrainMonitor"]
+
+log = logging.getLogger(__name__)
+
+
+class TrainMonitor(Service):
+    """Follows training episodes and env steps; says when the run is done.
+
+    Args:
+        stop: the run's ``StopConfig``.
+        checkpoints: write the learner's checkpoints into this directory (none: ignore).
+        keep: newest checkpoints kept there.
+        identity: ``algorithm`` and ``env_id`` written into every checkpoint.
+        resume: the checkpoint a resumed run continues from: its env steps, episodes,
+            recent returns and elapsed time are where the counts start, and every learner
+            that subscribes gets its state (:class:`~tianji.events.CheckpointRestored`).
+    """
+
+    role = "monitor"
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        stop: Any,
+        checkpoints: Path | None = None,
+        keep: int = 3,
+        identity: dict[str, str] | None = None,
+        resume: Checkpoint | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(name, publishes=[RESTORE] if resume is not None else [], **kwargs)
+        self.stop_config = stop
+        self.started = time.monotonic()
+        self.returns: collections.deque[float] = collections.deque(maxlen=stop.window)
+        self.env_steps_by_actor: dict[str, int] = {}
+        self.episodes = 0
+        self.first_data: float | None = None  # seconds until the first fragment arrived
+        self.time_to_target: float | None = None
+        self.target_unix: float | None = None  # wall clock when the target was reached
+        self.stopped: tuple[float, int] | None = None  # (seconds, env steps) at the stop
+        self.steps_to_target: int | None = None
+        self.resume = resume
+        self.start_env_steps = 0  # env steps before this run (a resumed run's checkpoint)
+        self.elapsed_before = 0.0  # seconds of the run before this part of it
+        if resume is not None:
+            run = resume.run
+            self.start_env_steps = int(run.get("env_steps", 0))
+            self.episodes = int(run.get("episodes", 0))
+            self.elapsed_before = float(run.get("elapsed_s", 0.0))
+            self.returns.extend(float(r) for r in run.get("returns", []))
+        self.checkpoint_dir = checkpoints
+        self.keep = keep
+        self.identity = identity or {}
+        self.last_checkpoint: Path | None = None
+        self.subscribe(EPISODES, self.on_episodes)
+        if checkpoints is not None:
+            self.subscribe(CHECKPOINTS, self.on_checkpoint)
+
+    def restart_clock(self) -> None:
+        """Count the run's time from now (a deployment by hand starts its clock once every
+        service has joined, not while the services are still being started)."""
+        self.started = time.monotonic()
+
+    @property
+    def env_steps(self) -> int:
+        """Env steps of the whole run (a resumed run counts on from its checkpoint)."""
+        return self.start_env_steps + self.env_steps_here
+
+    @property
+    def env_steps_here(self) -> int:
+        """Env steps since this process started the run (or resumed it)."""
+        return sum(self.env_steps_by_actor.values())
+
+    def mean_return(self) -> float | None:
+        return float(np.mean(self.returns)) if self.returns else None
+
+    async def on_episodes(self, ev: EpisodesFinished) -> None:
+        if self.first_data is None:
+            self.first_data = time.monotonic() - self.started
+        self.env_steps_by_actor[ev.actor] = ev.env_steps
+        self.returns.extend(ev.returns.tolist())
+        self.episodes += int(ev.returns.size)
+        mean = self.mean_return()
+        if mean is None or not ev.returns.size:
+            return
+        elapsed = time.monotonic() - self.started
+        target = self.stop_config.target_return
+        full = len(self.returns) == self.returns.maxlen
+        if target is not None and self.time_to_target is None and full and mean >= target:
+            self.time_to_target = elapsed
+            self.target_unix = time.time()
+            self.steps_to_target = self.env_steps
+
+    async def on_checkpoint(self, ev: CheckpointTaken) -> None:
+        """Write learner-0's state with the run's counters now; keep the newest ``keep``.
+        A write that fails (disk full, permissions) is logged and counted, and the run goes
+        on: the previous checkpoints stay."""
+        assert self.checkpoint_dir is not None
+        meta = {
+            "policy_version": ev.policy_version,
+            **self.identity,
+            "unix": time.time(),
+            "run": {
+                "env_steps": self.env_steps,
+                "episodes": self.episodes,
+                "elapsed_s": round(self.elapsed_before + time.monotonic() - self.started, 3),
+                "returns": list(self.returns),
+            },
+        }
+        try:
+            path = await asyncio.to_thread(
+                write_checkpoint, self.checkpoint_dir, ev.state.tobytes(), meta
+            )
+            await asyncio.to_thread(prune_checkpoints, self.checkpoint_dir, self.keep)
+        except OSError as exc:
+            self.counters["checkpoint_errors"] += 1
+            log.error("checkpoint at version %d not written: %s", ev.policy_version, exc)
+            return
+        self.last_checkpoint = path
+        self.counters["checkpoints_written"] += 1
+        self.gauges["checkpoint_version"] = float(ev.policy_version)
+        self.report_soon()
+
+    async def on_subscribed(self, conn: Connection, topics: Sequence[str]) -> None:
+        if RESTORE in topics and self.resume is not None:
+            ckpt = self.resume
+            state = np.frombuffer(ckpt.state, np.uint8)
+            ev = CheckpointRestored(policy_version=ckpt.policy_version, state=state)
+            await self.send_to_subscriber(conn, ev, RESTORE)
+            self.counters["restores_sent"] += 1
+
+    def done(self) -> str | None:
+        """Why the run should stop now, or ``None``; the first time it says so, the run's
+        length and env steps are recorded (:attr:`stopped`), before shutdown."""
+        reason = self._why_done()
+        if reason is not None and self.stopped is None:
+            self.stopped = (time.monotonic() - self.started, self.env_steps_here)
+        return reason
+
+    def _why_done(self) -> str | None:
+        cfg = self.stop_config
+        if self.time_to_target is not None:
+            return "target_return reached"
+        if cfg.max_env_steps is not None and self.env_steps >= cfg.max_env_steps:
+            return "max_env_steps reached"
+        if cfg.max_seconds is not None and time.monotonic() - self.started >= cfg.max_seconds:
+            return "max_seconds reached"
+        return None
+
+    def running_rate(self, count: int | None = None) -> float:
+        """Env steps of this run (or ``count``, e.g. learner updates) per second from the
+        first fragment to the stop decision (not counting process start-up and shutdown)."""
+        if self.first_data is None:
+            return 0.0
+        length, steps = self.stopped or (time.monotonic() - self.started, self.env_steps_here)
+        steps = steps if count is None else count
+        return steps / (length - self.first_data) if length > self.first_data else 0.0
