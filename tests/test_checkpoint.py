@@ -305,9 +305,9 @@ def test_a_run_stopped_with_ctrl_c_resumes_from_its_checkpoint_and_reaches_its_t
     steps and episodes of the newest checkpoint and reaches the target."""
     train = [sys.executable, "-m", "tianji", "train"]
     common = ["--no-dashboard", "--target-return", "200", "--max-seconds", "240"]
+    every_5 = ["--set", "checkpoint.every_updates=5"]
     first = subprocess.Popen(
-        [*train, str(PPO), "--run-dir", str(tmp_path), *common]
-        + ["--set", "checkpoint.every_updates=5"],
+        [*train, str(PPO), "--run-dir", str(tmp_path), *common, *every_5],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

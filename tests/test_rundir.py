@@ -103,13 +103,16 @@ def test_no_run_directory_when_run_dir_is_empty(tmp_path: Path) -> None:
     assert recorder.directory is None
 
 
-def test_the_cli_sets_or_disables_the_run_directory() -> None:
+def test_the_cli_sets_or_disables_the_run_directory(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TIANJI_RUN_DIR")
     parser = build_parser()
     args = parser.parse_args(["train", str(PPO), "--run-dir", "/tmp/x"])
     assert config_from_args(args).run_dir == "/tmp/x"
     args = parser.parse_args(["controller", str(PPO), "--no-run-dir"])
     assert config_from_args(args).run_dir == ""
     assert config_from_args(parser.parse_args(["train", str(PPO)])).run_dir == "runs"
+    monkeypatch.setenv("TIANJI_RUN_DIR", "/data/runs")  # the default's default
+    assert config_from_args(parser.parse_args(["train", str(PPO)])).run_dir == "/data/runs"
     with pytest.raises(SystemExit):
         parser.parse_args(["train", str(PPO), "--run-dir", "x", "--no-run-dir"])
 

@@ -26,6 +26,7 @@ import collections.abc
 import dataclasses
 import difflib
 import json
+import os
 import tomllib
 import types
 import typing
@@ -210,6 +211,9 @@ class CheckpointConfig:
         return self.every_updates > 0 or self.every_seconds > 0
 
 
+RUN_DIR_ENV = "TIANJI_RUN_DIR"
+"""The environment variable that sets the default ``run_dir``."""
+
 RAY_ROLES = ("actor", "buffer", "learner", "params", "inference")
 RAY_DEFAULT_CPUS = {"actor": 0.5, "learner": 0.5, "buffer": 0.2, "params": 0.1, "inference": 0.2}
 """CPUs per service of each role on Ray: two actors, learner, buffer and params take 1.8,
@@ -259,9 +263,10 @@ class RunConfig:
     """inproc (every service in one process), tcp or shm (one process per service)."""
     name: str = ""
     """Run name (defaults to algorithm-env)."""
-    run_dir: str = "runs"
+    run_dir: str = dataclasses.field(default_factory=lambda: os.environ.get(RUN_DIR_ENV, "runs"))
     """Where run directories go: each run writes ``<run_dir>/<name>-<YYYYmmdd-HHMMSS>/``
-    (resolved config, metrics rows, TensorBoard event files, summary); "" writes none."""
+    (resolved config, metrics rows, TensorBoard event files, checkpoints, summary); "" writes
+    none. Default: ``$TIANJI_RUN_DIR``, else ``runs``."""
     env: EnvConfig = dataclasses.field(default_factory=EnvConfig)
     actors: ActorConfig = dataclasses.field(default_factory=ActorConfig)
     learner: LearnerConfig = dataclasses.field(default_factory=LearnerConfig)

@@ -257,6 +257,11 @@ class Controller(Service):
                 update = PublishersChanged(topic=name, addresses=self.publishers(name, where))
                 await self._tell(watcher, update)
 
+    async def command(self, name: str, ev: Event) -> bool:
+        """Send a command to one registered service; False if it is not registered or the
+        send failed."""
+        return await self._command(name, ev)
+
     async def _command(self, name: str, ev: Event) -> bool:
         record = self.registry.get(name)
         if record is None:

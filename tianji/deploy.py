@@ -149,6 +149,7 @@ def run_controller(
         local_services=plan.local_services(monitor_bind, advertise or ""),
         progress=plan.progress,
         progress_interval=2.0,
+        before_stop=plan.before_stop,
         balance=plan.balance,
     )
     launcher.controller.advertise = advertise

@@ -27,6 +27,7 @@ __all__ = [
     "ActionsComputed",
     "ArraysPublished",
     "BatchRequested",
+    "CheckpointRequested",
     "CheckpointRestored",
     "CheckpointTaken",
     "EpisodesFinished",
@@ -298,6 +299,13 @@ class CheckpointTaken(Event):
 
     policy_version: int
     state: np.ndarray
+
+
+@event
+class CheckpointRequested(Event):
+    """Command learner-0 to take a checkpoint now (the run is about to stop cleanly)."""
+
+    reason: str
 
 
 @event

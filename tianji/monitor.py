@@ -80,6 +80,8 @@ class TrainMonitor(Service):
         self.keep = keep
         self.identity = identity or {}
         self.last_checkpoint: Path | None = None
+        self.checkpoint_version = -1  # of the newest checkpoint written
+        self._written = asyncio.Event()  # set (and cleared) at every checkpoint written
         self.subscribe(EPISODES, self.on_episodes)
         if checkpoints is not None:
             self.subscribe(CHECKPOINTS, self.on_checkpoint)
@@ -145,9 +147,25 @@ class TrainMonitor(Service):
             log.error("checkpoint at version %d not written: %s", ev.policy_version, exc)
             return
         self.last_checkpoint = path
+        self.checkpoint_version = ev.policy_version
+        self._written.set()
+        self._written.clear()
         self.counters["checkpoints_written"] += 1
         self.gauges["checkpoint_version"] = float(ev.policy_version)
         self.report_soon()
+
+    async def wait_checkpoint(self, version: int, timeout: float) -> bool:
+        """Wait until a checkpoint of at least ``version`` is written (or ``timeout``)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.checkpoint_version < version:
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            waiter = asyncio.ensure_future(self._written.wait())
+            await asyncio.wait({waiter}, timeout=left)
+            waiter.cancel()
+        return True
 
     async def on_subscribed(self, conn: Connection, topics: Sequence[str]) -> None:
         if RESTORE in topics and self.resume is not None:

@@ -26,6 +26,7 @@ from tianji.controller import Controller, accounting, dropped_by_reason, lag_sum
 from tianji.core import BufferSpec
 from tianji.dashboard import add_dashboard_options, launch_plan
 from tianji.errors import ConfigError, ServiceFailed
+from tianji.events import CheckpointRequested
 from tianji.launch.base import Launcher
 from tianji.launch.local import LocalLauncher
 from tianji.launch.spec import ServiceSpec
@@ -37,6 +38,10 @@ from tianji.services import buffer_name, learner_name
 from tianji.services.common import make_algorithm
 
 __all__ = ["RunPlan", "TrainMonitor", "build_specs", "train"]
+
+FINAL_CHECKPOINT_S = 8.0
+"""How long a cleanly stopping run waits for its last checkpoint (within the launcher's
+``grace``)."""
 
 
 def _binds(transport: str) -> tuple[str, str]:
@@ -192,6 +197,30 @@ class RunPlan:
         finally:
             self.recorder.close()
 
+    async def before_stop(self, controller: Controller, reason: str) -> None:
+        """Before a clean stop: ask learner-0 for a last checkpoint and wait (at most
+        ``FINAL_CHECKPOINT_S``) until the monitor wrote it, so the run directory holds the
+        final policy (``tianji eval``) and a resume continues exactly where it stopped."""
+        monitor = self.monitor
+        if monitor is None or monitor.checkpoint_dir is None:
+            return
+        if not self.config.checkpoint.enabled:
+            return
+        beat = controller.heartbeats.get(learner_name(0))
+        version = beat.counters.get("learner_updates", 0) if beat is not None else 0
+        if version <= max(monitor.checkpoint_version, 0):
+            return
+        ev = CheckpointRequested(reason=reason)
+        if not await controller.command(learner_name(0), ev):
+            return
+        if not await monitor.wait_checkpoint(version, FINAL_CHECKPOINT_S):
+            print(
+                f"no final checkpoint: learner-0 did not send one within {FINAL_CHECKPOINT_S} s"
+                f" (the newest is at version {monitor.checkpoint_version})",
+                file=self.out,
+                flush=True,
+            )
+
     def facts(self, services: bool = True) -> RunFacts:
         """What progress snapshots know of the run beyond heartbeats."""
         capacity = sum(s.options["buffer_spec"]["capacity"] for s in self.specs if _buffer(s))
@@ -310,6 +339,7 @@ def _launcher(backend: str, plan: RunPlan) -> Launcher:
             local_services=plan.local_services(control_bind),
             progress=plan.progress,
             progress_interval=2.0,
+            before_stop=plan.before_stop,
             balance=plan.balance,
         )
     if backend != "ray":
@@ -329,6 +359,7 @@ def _launcher(backend: str, plan: RunPlan) -> Launcher:
         local_services=plan.local_services(control_bind),
         progress=plan.progress,
         progress_interval=2.0,
+        before_stop=plan.before_stop,
         balance=plan.balance,
         address=config.ray.address,
         resources=config.ray,

@@ -16,7 +16,7 @@ import dataclasses
 import logging
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from tianji.balance import BalanceConfig
@@ -32,6 +32,7 @@ __all__ = ["Handle", "LaunchResult", "Launcher", "Progress", "ServiceTask", "Unt
 log = logging.getLogger("tianji.launch")
 Until = Callable[[Controller], bool]
 Progress = Callable[[Controller, float], None]
+BeforeStop = Callable[[Controller, str], Awaitable[None]]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -117,6 +118,9 @@ class Launcher:
         local_services: ``f(controller_address)`` builds extra services (e.g. a monitor)
             that run in this loop for the whole run.
         balance: when given, the controller balances production and consumption.
+        before_stop: awaited (with the reason, at most ``grace`` seconds) before a run that
+            ends cleanly (complete, SIGTERM) is stopped, while every service still runs:
+            e.g. take a last checkpoint.
 
     Raises:
         ConfigError: if two specs share a name.
@@ -135,6 +139,7 @@ class Launcher:
         options: ServiceOptions | None = None,
         local_services: Callable[[str], Sequence[Service]] | None = None,
         balance: BalanceConfig | None = None,
+        before_stop: BeforeStop | None = None,
     ) -> None:
         names = [s.name for s in specs]
         dupes = sorted({n for n in names if names.count(n) > 1})
@@ -149,6 +154,7 @@ class Launcher:
         self.controller = Controller(bind=controller_bind, options=options, balance=balance)
         self.children: dict[str, Handle] = {}
         self.local_services = local_services
+        self.before_stop = before_stop
 
     # ------------------------------------------------------------------ for subclasses
     async def _spawn(self, spec: ServiceSpec) -> Handle:
@@ -212,6 +218,11 @@ class Launcher:
         finally:
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.remove_signal_handler(signal.SIGTERM)
+            if self.before_stop is not None and reason in ("complete", "terminated"):
+                try:
+                    await asyncio.wait_for(self.before_stop(self.controller, reason), self.grace)
+                except Exception:  # the run's end must not depend on it
+                    log.exception("before stop (%s)", reason)
             codes = await self._stop_all(reason)
             for child in local:
                 child.signal(signal.SIGTERM)

@@ -30,6 +30,7 @@ from tianji.core import SupportsGradientSync
 from tianji.errors import ConfigError, SyncFailed
 from tianji.events import (
     BatchRequested,
+    CheckpointRequested,
     CheckpointRestored,
     CheckpointTaken,
     ConsumptionGranted,
@@ -127,6 +128,8 @@ class LearnerService(Service):
             self._restored = asyncio.Event()
             self.subscribe(RESTORE, self.on_restore)
         self._checkpointed = (0, 0.0)  # (version, loop time) of the last checkpoint
+        self._updating = False  # an update runs in the worker thread: the state is in flux
+        self._checkpoint_wanted = False  # requested during an update: take it right after
 
     def _make_allreduce(self, name: str, index: int, count: int) -> AllReduce | None:
         if not 0 <= index < count:
@@ -207,25 +210,37 @@ class LearnerService(Service):
         return True
 
     async def _maybe_checkpoint(self) -> None:
-        """Learner-0: pack and publish the state when a ``[checkpoint]`` trigger fired
-        (between two updates, so the state is one update's, never half of one)."""
+        """Learner-0: pack and publish the state when a ``[checkpoint]`` trigger fired or
+        one was requested (between two updates, so the state is one update's, never half
+        of one)."""
         c = self.config.checkpoint
-        if self.index != 0 or not c.enabled or not self.subscriber_count(CHECKPOINTS):
+        if self.index != 0 or not c.enabled:
             return
         now = asyncio.get_running_loop().time()
         version, at = self._checkpointed
         due = c.every_updates > 0 and self.version - version >= c.every_updates
         due |= c.every_seconds > 0 and now - at >= c.every_seconds
-        if not due or self.version == version:
+        if (due or self._checkpoint_wanted) and self.version != version:
+            await self._checkpoint()
+        self._checkpoint_wanted = False
+
+    async def _checkpoint(self) -> None:
+        self._checkpointed = (self.version, asyncio.get_running_loop().time())
+        if not self.subscriber_count(CHECKPOINTS):
+            self.counters["checkpoints_unsent"] += 1  # no monitor writing them (no run dir)
             return
-        self._checkpointed = (self.version, now)
         state = pack_state(algorithm_state(self.algo))
         ev = CheckpointTaken(policy_version=self.version, state=np.frombuffer(state, np.uint8))
         if await self.publish(ev, CHECKPOINTS):
             self.counters["checkpoints_taken"] += 1
 
     async def on_control(self, ev: Event) -> None:
-        if isinstance(ev, ConsumptionGranted):
+        if isinstance(ev, CheckpointRequested):
+            if self._updating:
+                self._checkpoint_wanted = True
+            elif self.index == 0 and self.version != self._checkpointed[0]:
+                await self._checkpoint()
+        elif isinstance(ev, ConsumptionGranted):
             self.limit = None if ev.limit < 0 else ev.limit
             self.gauges["consume_limit"] = float(ev.limit)
             self._granted.set()
@@ -335,7 +350,11 @@ class LearnerService(Service):
             self.report_soon()
             return
         self.lag.add(lags)
-        result = await asyncio.to_thread(self.algo.update, batch.arrays)
+        self._updating = True
+        try:
+            result = await asyncio.to_thread(self.algo.update, batch.arrays)
+        finally:
+            self._updating = False
         self.version += 1
         self.counters["learner_updates"] = self.version
         self.counters["samples_consumed"] += n
