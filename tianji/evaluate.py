@@ -42,6 +42,7 @@ __all__ = [
     "VideoRecorder",
     "add_eval_parser",
     "check_compatible",
+    "check_video_path",
     "evaluate",
     "load_policy",
     "make_eval_env",
@@ -428,7 +429,10 @@ def add_eval_parser(sub: Any) -> None:
         help="record the first episode to PATH (.mp4, .webm or .gif; needs tianji[video])",
     )
     p.add_argument(
-        "--seed", type=int, help="episode i resets with seed S+i (default: the run's seed)"
+        "--seed",
+        type=int,
+        metavar="S",
+        help="episode i resets with seed S+i (default: the run's seed)",
     )
     p.add_argument("--device", default="auto", help="torch device (default auto)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
