@@ -74,9 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     from tianji.deploy import add_deploy_parsers
+    from tianji.evaluate import add_eval_parser
     from tianji.training import add_train_parser
 
     add_train_parser(sub)
+    add_eval_parser(sub)
     add_deploy_parsers(sub)
 
     p = sub.add_parser("version", help="print the version")
