@@ -352,6 +352,22 @@ def test_a_run_stopped_with_ctrl_c_resumes_from_its_checkpoint_and_reaches_its_t
     assert all(r["learner_updates"] >= newest.policy_version for r in after)
     assert json.loads((run / "summary.json").read_text())["resumed_from"] == resumed
 
+    # the clean stop left a last checkpoint; tianji eval plays it greedily
+    final = read_checkpoint(latest_checkpoint(run))
+    assert summary["checkpoints"]["latest"] == str(final.path)
+    assert newest.policy_version < final.policy_version <= summary["learner_updates"]
+    result = subprocess.run(
+        [sys.executable, "-m", "tianji", "eval", str(run), "--episodes", "5", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    evaluation = json.loads(result.stdout)
+    assert evaluation["policy_version"] == final.policy_version
+    assert len(evaluation["returns"]) == 5 and evaluation["mean_return"] > 100
+
 
 def _wait_for_checkpoint(root: Path, min_version: int, timeout: float) -> Path:
     deadline = time.monotonic() + timeout
