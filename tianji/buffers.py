@@ -75,6 +75,41 @@ class RingStorage:
         self.inserted += b
         return slots
 
+    def state_dict(self) -> dict[str, Any]:
+        """The stored items (only the filled slots) and counters, for a checkpoint."""
+        n = len(self)
+        return {
+            "capacity": self.capacity,
+            "inserted": self.inserted,
+            "arrays": {k: v[:n] for k, v in self.arrays.items()},
+            "ids": self.ids[:n],
+            "policy_version": self.policy_version[:n],
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from :meth:`state_dict` of a storage of the same capacity.
+
+        Raises:
+            ValueError: for another capacity or inconsistent arrays.
+        """
+        if int(state["capacity"]) != self.capacity:
+            raise ValueError(f"capacity {state['capacity']} != this buffer's {self.capacity}")
+        n = min(int(state["inserted"]), self.capacity)
+        arrays = {str(k): np.asarray(v) for k, v in state["arrays"].items()}
+        items = [state["ids"], state["policy_version"], *arrays.values()]
+        if any(len(a) != n for a in items):
+            raise ValueError(f"{n} items stored but arrays of {[len(a) for a in items]}")
+        self.arrays = {
+            k: np.zeros((self.capacity, *v.shape[1:]), dtype=v.dtype) for k, v in arrays.items()
+        }
+        for k, v in arrays.items():
+            self.arrays[k][:n] = v
+        self.ids[:] = -1
+        self.ids[:n] = state["ids"]
+        self.policy_version[:] = 0
+        self.policy_version[:n] = state["policy_version"]
+        self.inserted = int(state["inserted"])
+
     def gather(self, slots: np.ndarray) -> dict[str, np.ndarray]:
         """Copies of the items in ``slots`` plus ``index`` (their ids) and ``policy_version``."""
         out = {k: v[slots] for k, v in self.arrays.items()}
@@ -145,6 +180,19 @@ class ReplayBuffer:
             "evicted": s.evicted,
             "sampled": self.sampled,
         }
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything stored, for a checkpoint (``[checkpoint] replay``)."""
+        return {"storage": self.storage.state_dict(), "sampled": self.sampled}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from :meth:`state_dict` (same capacity).
+
+        Raises:
+            ValueError: for another capacity or a damaged state.
+        """
+        self.storage.load_state_dict(state["storage"])
+        self.sampled = int(state["sampled"])
 
     def _pick(self, batch_size: int) -> np.ndarray:
         return self.rng.integers(0, len(self), size=batch_size)
@@ -271,6 +319,22 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         stats = super().statistics()
         stats.update(stale_updates=self.stale_updates, max_priority=self.max_priority)
         return stats
+
+    def state_dict(self) -> dict[str, Any]:
+        """Stored items plus the priorities (sum tree) and ``max_priority``."""
+        state = super().state_dict()
+        state.update(tree=self.tree.nodes, max_priority=self.max_priority, stale=self.stale_updates)
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from :meth:`state_dict` (same capacity)."""
+        tree = np.asarray(state["tree"], dtype=np.float64)
+        if tree.shape != self.tree.nodes.shape:
+            raise ValueError(f"sum tree of {tree.shape} != this buffer's {self.tree.nodes.shape}")
+        super().load_state_dict(state)
+        self.tree.nodes[:] = tree
+        self.max_priority = float(state["max_priority"])
+        self.stale_updates = int(state["stale"])
 
     def _written(self, slots: np.ndarray) -> None:
         self.tree.set(slots, np.full(len(slots), self.max_priority**self.alpha))

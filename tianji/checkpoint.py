@@ -49,6 +49,7 @@ __all__ = [
     "pack_state",
     "prune_checkpoints",
     "read_checkpoint",
+    "replay_file",
     "restore_algorithm",
     "unpack_state",
     "write_checkpoint",
@@ -191,13 +192,15 @@ class Checkpoint:
         return run
 
 
-def write_checkpoint(directory: str | Path, state: bytes, meta: Mapping[str, Any]) -> Path:
-    """Write ``ckpt-<meta["policy_version"]>.tjc`` into ``directory`` (created if needed):
-    to a temporary file, flushed to disk, then renamed, so a reader or a crash never sees
-    part of a checkpoint."""
+def write_checkpoint(
+    directory: str | Path, state: bytes, meta: Mapping[str, Any], name: str | None = None
+) -> Path:
+    """Write ``ckpt-<meta["policy_version"]>.tjc`` (or ``name``) into ``directory``
+    (created if needed): to a temporary file, flushed to disk, then renamed, so a reader or
+    a crash never sees part of a checkpoint."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"ckpt-{int(meta['policy_version']):010d}.tjc"
+    path = directory / (name or f"ckpt-{int(meta['policy_version']):010d}.tjc")
     tmp = directory / f".{path.name}.{os.getpid()}.tmp"
     try:
         with open(tmp, "wb") as f:
@@ -233,6 +236,11 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
     if not isinstance(state, bytes) or not isinstance(meta, dict):
         raise CheckpointError(path, "is damaged (meta or state of the wrong type)")
     return Checkpoint(path, version, meta, state)
+
+
+def replay_file(directory: str | Path, buffer: str) -> Path:
+    """Where the newest replay snapshot of ``buffer`` (``[checkpoint] replay``) is kept."""
+    return Path(directory) / f"replay-{buffer}.tjc"
 
 
 def checkpoint_files(directory: str | Path) -> list[Path]:

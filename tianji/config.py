@@ -198,6 +198,10 @@ class CheckpointConfig:
     """At most this many seconds apart (counted from the learner's start)."""
     keep: int = 3
     """Newest checkpoints kept; older ones are deleted once a new one is written."""
+    replay: bool = False
+    """Also snapshot every replay buffer shard (same triggers, the newest one kept as
+    ``replay-buffer-<s>.tjc``), so a resumed off-policy run keeps its data; the snapshot
+    holds every stored transition (size: capacity x transition bytes)."""
 
     def __post_init__(self) -> None:
         if self.every_updates < 0:

@@ -459,8 +459,9 @@ def accounting(heartbeats: Mapping[str, Heartbeat], on_policy: bool) -> dict[str
     """Where every produced sample went, from the counters of actors, buffers and learners.
 
     On-policy: ``produced = consumed + buffered + dropped + in_flight``; off-policy (replay
-    samples are drawn, not taken): ``produced = buffered + dropped + in_flight`` and
-    ``consumed`` counts draws. ``in_flight`` is measured from both ends of each link
+    samples are drawn, not taken): ``produced + restored = buffered + dropped + in_flight``
+    and ``consumed`` counts draws (``restored``: what resumed replay shards started with).
+    ``in_flight`` is measured from both ends of each link
     (sent by one service, not yet received by the next), never derived from the identity,
     so ``balanced`` checks the bookkeeping of every service.
     """
@@ -486,12 +487,14 @@ def accounting(heartbeats: Mapping[str, Heartbeat], on_policy: bool) -> dict[str
         {n: hb for n, hb in heartbeats.items() if on_policy or hb.role != "learner"}
     )
     buffered = total("buffer", "buffered_samples", gauge=True)
+    restored = total("buffer", "samples_restored")
     accounted = buffered + sum(dropped.values()) + in_flight + (consumed if on_policy else 0)
     return {
         "produced": produced,
+        "restored": restored,
         "consumed": consumed,
         "buffered": buffered,
         "dropped": dropped,
         "in_flight": in_flight,
-        "balanced": produced == accounted,
+        "balanced": produced + restored == accounted,
     }

@@ -19,11 +19,17 @@ from typing import Any
 
 import numpy as np
 
-from tianji.checkpoint import Checkpoint, prune_checkpoints, write_checkpoint
+from tianji.checkpoint import Checkpoint, prune_checkpoints, replay_file, write_checkpoint
 from tianji.core import Connection
 from tianji.events import CheckpointRestored, CheckpointTaken, EpisodesFinished
 from tianji.service import Service
-from tianji.services import CHECKPOINTS, EPISODES, RESTORE
+from tianji.services import (
+    CHECKPOINTS,
+    EPISODES,
+    RESTORE,
+    replay_restore_topic,
+    replay_snapshots_topic,
+)
 
 __all__ = ["TrainMonitor"]
 
@@ -41,6 +47,8 @@ class TrainMonitor(Service):
         resume: the checkpoint a resumed run continues from: its env steps, episodes,
             recent returns and elapsed time are where the counts start, and every learner
             that subscribes gets its state (:class:`~tianji.events.CheckpointRestored`).
+        replay: the replay buffer shards whose snapshots to write (``[checkpoint] replay``).
+        replay_resume: a resumed run's replay snapshots, by buffer, sent to each shard.
     """
 
     role = "monitor"
@@ -54,9 +62,14 @@ class TrainMonitor(Service):
         keep: int = 3,
         identity: dict[str, str] | None = None,
         resume: Checkpoint | None = None,
+        replay: Sequence[str] = (),
+        replay_resume: dict[str, Checkpoint] | None = None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(name, publishes=[RESTORE] if resume is not None else [], **kwargs)
+        self.replay_resume = dict(replay_resume or {})
+        topics = [RESTORE] if resume is not None else []
+        topics += [replay_restore_topic(b) for b in sorted(self.replay_resume)]
+        super().__init__(name, publishes=topics, **kwargs)
         self.stop_config = stop
         self.started = time.monotonic()
         self.returns: collections.deque[float] = collections.deque(maxlen=stop.window)
@@ -83,8 +96,11 @@ class TrainMonitor(Service):
         self.checkpoint_version = -1  # of the newest checkpoint written
         self._written = asyncio.Event()  # set (and cleared) at every checkpoint written
         self.subscribe(EPISODES, self.on_episodes)
+        self.replay_written: dict[str, float] = {}  # buffer -> monotonic time of its last
         if checkpoints is not None:
             self.subscribe(CHECKPOINTS, self.on_checkpoint)
+            for buffer in replay:
+                self.subscribe(replay_snapshots_topic(buffer), self._replay_writer(buffer))
 
     def restart_clock(self) -> None:
         """Count the run's time from now (a deployment by hand starts its clock once every
@@ -154,6 +170,43 @@ class TrainMonitor(Service):
         self.gauges["checkpoint_version"] = float(ev.policy_version)
         self.report_soon()
 
+    def _replay_writer(self, buffer: str) -> Any:
+        async def on_snapshot(ev: CheckpointTaken) -> None:
+            await self.on_replay_snapshot(buffer, ev)
+
+        return on_snapshot
+
+    async def on_replay_snapshot(self, buffer: str, ev: CheckpointTaken) -> None:
+        """Write a buffer shard's replay snapshot over its previous one (atomically)."""
+        assert self.checkpoint_dir is not None
+        meta = {"policy_version": ev.policy_version, "buffer": buffer, "unix": time.time()}
+        name = replay_file(self.checkpoint_dir, buffer).name
+        try:
+            await asyncio.to_thread(
+                write_checkpoint, self.checkpoint_dir, ev.state.tobytes(), meta, name
+            )
+        except OSError as exc:
+            self.counters["checkpoint_errors"] += 1
+            log.error("replay snapshot of %s not written: %s", buffer, exc)
+            return
+        self.replay_written[buffer] = time.monotonic()
+        self.counters["replay_snapshots_written"] += 1
+        self._written.set()
+        self._written.clear()
+
+    async def wait_replay(self, buffers: Sequence[str], since: float, timeout: float) -> bool:
+        """Wait until every buffer in ``buffers`` had a snapshot written after ``since``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while any(self.replay_written.get(b, -1.0) < since for b in buffers):
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            waiter = asyncio.ensure_future(self._written.wait())
+            await asyncio.wait({waiter}, timeout=left)
+            waiter.cancel()
+        return True
+
     async def wait_checkpoint(self, version: int, timeout: float) -> bool:
         """Wait until a checkpoint of at least ``version`` is written (or ``timeout``)."""
         loop = asyncio.get_running_loop()
@@ -174,6 +227,13 @@ class TrainMonitor(Service):
             ev = CheckpointRestored(policy_version=ckpt.policy_version, state=state)
             await self.send_to_subscriber(conn, ev, RESTORE)
             self.counters["restores_sent"] += 1
+        for buffer, snapshot in self.replay_resume.items():
+            topic_name = replay_restore_topic(buffer)
+            if topic_name in topics:
+                state = np.frombuffer(snapshot.state, np.uint8)
+                ev = CheckpointRestored(policy_version=snapshot.policy_version, state=state)
+                await self.send_to_subscriber(conn, ev, topic_name)
+                self.counters["replay_restores_sent"] += 1
 
     def done(self) -> str | None:
         """Why the run should stop now, or ``None``; the first time it says so, the run's

@@ -8,6 +8,7 @@ also decides when the run is done: target return, env-step budget or time budget
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import json
@@ -20,7 +21,7 @@ from typing import Any, TextIO
 
 from tianji import progress as _progress
 from tianji.balance import balance_config
-from tianji.checkpoint import Checkpoint
+from tianji.checkpoint import Checkpoint, read_checkpoint, replay_file
 from tianji.config import RunConfig, to_dict
 from tianji.controller import Controller, accounting, dropped_by_reason, lag_summary
 from tianji.core import BufferSpec
@@ -118,6 +119,7 @@ class RunPlan:
     monitor: TrainMonitor | None = None
     recorder: RunRecorder | None = None
     resume: tuple[RunDirectory, Checkpoint] | None = None
+    replay_resume: dict[str, Checkpoint] = dataclasses.field(default_factory=dict)
     _last: Snapshot | None = None
 
     @classmethod
@@ -147,7 +149,22 @@ class RunPlan:
             for s in specs:
                 if s.factory == "tianji.services.learner:LearnerService":
                     s.options["restore"] = True
+            plan._plan_replay_resume()
         return plan
+
+    def _plan_replay_resume(self) -> None:
+        """A resumed run's replay shards start from their snapshots, where there are any."""
+        assert self.resume is not None
+        directory = self.resume[0].checkpoints
+        for s in self.specs:
+            if s.name not in self.replay_buffers():
+                continue
+            path = replay_file(directory, s.name)
+            if path.exists():
+                self.replay_resume[s.name] = read_checkpoint(path)
+                s.options["restore"] = True
+            else:
+                print(f"resume: {s.name} starts empty (no {path.name})", file=self.out)
 
     @property
     def checkpoint(self) -> Checkpoint | None:
@@ -167,6 +184,8 @@ class RunPlan:
                 keep=config.checkpoint.keep,
                 identity={"algorithm": config.algorithm, "env_id": config.env.id},
                 resume=self.checkpoint,
+                replay=self.replay_buffers(),
+                replay_resume=self.replay_resume,
                 bind=bind,
                 controller=controller_address,
                 advertise=advertise or None,
@@ -198,28 +217,39 @@ class RunPlan:
             self.recorder.close()
 
     async def before_stop(self, controller: Controller, reason: str) -> None:
-        """Before a clean stop: ask learner-0 for a last checkpoint and wait (at most
-        ``FINAL_CHECKPOINT_S``) until the monitor wrote it, so the run directory holds the
+        """Before a clean stop: ask learner-0 for a last checkpoint (and the replay shards
+        for their snapshots, ``[checkpoint] replay``) and wait (at most
+        ``FINAL_CHECKPOINT_S``) until the monitor wrote them, so the run directory holds the
         final policy (``tianji eval``) and a resume continues exactly where it stopped."""
         monitor = self.monitor
         if monitor is None or monitor.checkpoint_dir is None:
             return
         if not self.config.checkpoint.enabled:
             return
+        since = time.monotonic()
+        ev = CheckpointRequested(reason=reason)
+        waits = []
         beat = controller.heartbeats.get(learner_name(0))
         version = beat.counters.get("learner_updates", 0) if beat is not None else 0
-        if version <= max(monitor.checkpoint_version, 0):
-            return
-        ev = CheckpointRequested(reason=reason)
-        if not await controller.command(learner_name(0), ev):
-            return
-        if not await monitor.wait_checkpoint(version, FINAL_CHECKPOINT_S):
+        newer = version > max(monitor.checkpoint_version, 0)
+        if newer and await controller.command(learner_name(0), ev):
+            waits.append(monitor.wait_checkpoint(version, FINAL_CHECKPOINT_S))
+        asked = [b for b in self.replay_buffers() if await controller.command(b, ev)]
+        if asked:
+            waits.append(monitor.wait_replay(asked, since, FINAL_CHECKPOINT_S))
+        if not all(await asyncio.gather(*waits)):
             print(
-                f"no final checkpoint: learner-0 did not send one within {FINAL_CHECKPOINT_S} s"
+                f"no final checkpoint: not written within {FINAL_CHECKPOINT_S} s"
                 f" (the newest is at version {monitor.checkpoint_version})",
                 file=self.out,
                 flush=True,
             )
+
+    def replay_buffers(self) -> list[str]:
+        """The buffer shards that snapshot their replay contents (``[checkpoint] replay``)."""
+        if not self.config.checkpoint.replay or self.on_policy:
+            return []
+        return [s.name for s in self.specs if _buffer(s)]
 
     def facts(self, services: bool = True) -> RunFacts:
         """What progress snapshots know of the run beyond heartbeats."""

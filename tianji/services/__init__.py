@@ -25,6 +25,8 @@ from tianji.events import (
 __all__ = [
     "OBSERVATIONS",
     "actions_topic",
+    "replay_restore_topic",
+    "replay_snapshots_topic",
     "batches_topic",
     "buffer_name",
     "learners_of_shard",
@@ -61,6 +63,16 @@ RESTORE = topic(CheckpointRestored)
 """Monitor -> learners (resumed run): the state to continue from, sent on subscription."""
 OBSERVATIONS = topic(ObservationsReady)
 """Actors -> inference service: observations that need actions."""
+
+
+def replay_snapshots_topic(buffer: str) -> str:
+    """Buffer shard -> monitor: snapshots of its replay contents (``[checkpoint] replay``)."""
+    return topic(CheckpointTaken, "replay", buffer)
+
+
+def replay_restore_topic(buffer: str) -> str:
+    """Monitor -> buffer shard (resumed run): the replay contents to start from."""
+    return topic(CheckpointRestored, "replay", buffer)
 
 
 def actions_topic(actor: str) -> str:

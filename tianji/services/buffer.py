@@ -5,20 +5,36 @@ sends a batch the learner did not ask for (cumulative credit from :class:`BatchR
 so the learner's bounded queue is never overrun; with several learners each gets the
 batches it asked for on its own topic, the one served least so far first. On-policy
 fragments older than ``max_policy_lag`` versions are dropped (counted as ``dropped/stale``).
+
+With ``[checkpoint] replay`` a replay shard publishes a snapshot of its contents on the
+checkpoint schedule (and when asked before a clean stop) for the run's monitor to write; a
+resumed shard (``restore=True``) starts from its snapshot (counted ``samples_restored``)
+and stores nothing before it arrived.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from tianji.buffers import RolloutBuffer, make_buffer
+from tianji.buffers import ReplayBuffer, RolloutBuffer, make_buffer
+from tianji.checkpoint import pack_state, unpack_state
 from tianji.core import BufferSpec, Connection
 from tianji.errors import ConfigError
-from tianji.events import BatchRequested, PrioritiesUpdated, SampleBatch, TrajectoryCollected
+from tianji.events import (
+    BatchRequested,
+    CheckpointRequested,
+    CheckpointRestored,
+    CheckpointTaken,
+    Event,
+    PrioritiesUpdated,
+    SampleBatch,
+    TrajectoryCollected,
+)
 from tianji.service import Service
 from tianji.services import (
     REQUESTS,
@@ -27,6 +43,8 @@ from tianji.services import (
     learner_name,
     learners_of_shard,
     priorities_topic,
+    replay_restore_topic,
+    replay_snapshots_topic,
     trajectories_topic,
 )
 from tianji.services.common import apply_run_options, parse_run_config, transitions
@@ -41,9 +59,11 @@ class BufferService(Service):
         name: service name.
         config: the run config as JSON data.
         buffer_spec: the algorithm's :class:`BufferSpec` fields.
+        restore: start from the replay snapshot the monitor sends (a resumed run).
     """
 
     role = "buffer"
+    RESTORE_TIMEOUT_S = 120.0
 
     def __init__(
         self,
@@ -52,6 +72,7 @@ class BufferService(Service):
         config: dict[str, Any],
         buffer_spec: dict[str, Any],
         index: int = 0,
+        restore: bool = False,
         **kwargs: Any,
     ) -> None:
         run = parse_run_config(config)
@@ -63,11 +84,14 @@ class BufferService(Service):
             learner_name(j) for j in learners_of_shard(index, run.learner.count, shards)
         }
         topics = [batches_topic(n) for n in sorted(self.learners)]
+        self.spec = BufferSpec(**buffer_spec)
+        self.snapshots = run.checkpoint.replay and self.spec.kind != "rollout"
+        if self.snapshots:
+            topics.append(replay_snapshots_topic(name))
         super().__init__(name, publishes=topics, **kwargs)
         self.config = run
         apply_run_options(self, self.config)
         self.drop_stale = self.config.controller.mode != "unbalanced"
-        self.spec = BufferSpec(**buffer_spec)
         self.buffer = make_buffer(self.spec, seed=self.config.seed + 7919 * index)
         self.requested: dict[str, int] = {}  # cumulative batches each learner asked for
         self.sent: dict[str, int] = {}  # ... and were sent (credit = requested - sent)
@@ -77,8 +101,69 @@ class BufferService(Service):
         self.subscribe(trajectories_topic(index, shards), self.on_trajectory)
         self.subscribe(REQUESTS, self.on_request_batches)
         self.subscribe(priorities_topic(index, shards), self.on_priorities)
+        self._restored: asyncio.Event | None = None
+        if restore:
+            self._restored = asyncio.Event()
+            self.subscribe(replay_restore_topic(name), self.on_restore)
+
+    async def main(self) -> None:
+        if self._restored is not None:
+            try:
+                await asyncio.wait_for(self._restored.wait(), self.RESTORE_TIMEOUT_S)
+            except TimeoutError:
+                self.fail(f"resume: no replay snapshot arrived in {self.RESTORE_TIMEOUT_S:.0f} s")
+                return
+        every = self.config.checkpoint.every_seconds
+        while self.snapshots and every > 0:
+            await asyncio.sleep(every)
+            await self._snapshot()
+        await super().main()
+
+    async def on_restore(self, ev: CheckpointRestored) -> None:
+        """Start from a replay snapshot (once; before anything is stored)."""
+        assert self._restored is not None
+        if self._restored.is_set():
+            self.counters["restores_ignored"] += 1
+            return
+        assert isinstance(self.buffer, ReplayBuffer)
+        try:
+            self.buffer.load_state_dict(unpack_state(ev.state.tobytes()))
+        except (ValueError, KeyError, TypeError) as exc:
+            self.fail(f"cannot restore the replay snapshot: {exc}")
+            return
+        self.counters["samples_restored"] = len(self.buffer)
+        self.learner_version = max(self.learner_version, ev.policy_version)
+        self._update_size()
+        self._restored.set()
+        self.report_soon()
+
+    async def on_control(self, ev: Event) -> None:
+        if isinstance(ev, CheckpointRequested):
+            if self.snapshots:
+                await self._snapshot()
+        else:
+            await super().on_control(ev)
+
+    async def _snapshot(self) -> None:
+        """Publish the replay contents for the monitor to write (nothing while a resumed
+        shard waits for its own snapshot, or while no monitor listens)."""
+        if self._restored is not None and not self._restored.is_set():
+            return
+        topic_name = replay_snapshots_topic(self.name)
+        if not self.subscriber_count(topic_name):
+            self.counters["snapshots_unsent"] += 1
+            return
+        assert isinstance(self.buffer, ReplayBuffer)
+        state = pack_state(self.buffer.state_dict())
+        ev = CheckpointTaken(
+            policy_version=self.learner_version, state=np.frombuffer(state, np.uint8)
+        )
+        if await self.publish(ev, topic_name):
+            self.counters["snapshots_taken"] += 1
 
     async def on_trajectory(self, ev: TrajectoryCollected) -> None:
+        if self._restored is not None and not self._restored.is_set():
+            await self._restored.wait()  # store on top of the snapshot, never under it
         steps = transitions(ev.arrays)
         self.buffer.add(ev.arrays, policy_version=ev.policy_version)
         self.counters["samples_inserted"] += steps
