@@ -38,6 +38,8 @@ class FakeMonitor:
         self.returns: collections.deque[float] = collections.deque(maxlen=20)
         self.steps = 0
         self.reason: str | None = None
+        self.checkpoint_version = -1
+        self.last_checkpoint: Path | None = None
 
     @property
     def env_steps(self) -> int:
@@ -208,6 +210,8 @@ def test_the_endpoints_serve_a_run_as_it_advances() -> None:
                 assert (await s.get(url + "static/..%2Fserver.py")).status == 404
                 first = await _get(s, url + "api/status")
                 monitor.finish(1000, 50.0)
+                monitor.checkpoint_version = 3
+                monitor.last_checkpoint = Path("runs/x/checkpoints/ckpt-0000000003.tjc")
                 advance(controller, 3)
                 await asyncio.sleep(0.2)
                 second = await _get(s, url + "api/status")
@@ -219,6 +223,11 @@ def test_the_endpoints_serve_a_run_as_it_advances() -> None:
             await dash.stop()  # idempotent
         for key in ("state", "stop_reason", "counters", "accounting", "services", "controller"):
             assert key in second
+        assert first["checkpoint"] is None
+        assert second["checkpoint"] == {
+            "path": "runs/x/checkpoints/ckpt-0000000003.tjc",
+            "policy_version": 3,
+        }
         for key in ("env_steps", "learner_updates", "samples_produced", "samples_consumed"):
             assert second["counters"][key] > first["counters"][key], key
         assert {s["name"] for s in second["services"]} == {"actor-0", "buffer-0", "learner-0"}
@@ -226,6 +235,7 @@ def test_the_endpoints_serve_a_run_as_it_advances() -> None:
         assert "tianji_env_steps_total 1000.0" in prom
         assert "tianji_learner_updates_total 3.0" in prom and "tianji_mean_return 50.0" in prom
         assert 'tianji_service_up{name="actor-0",role="actor"} 1.0' in prom
+        assert "tianji_checkpoint_policy_version 3.0" in prom
 
     asyncio.run(scenario())
 

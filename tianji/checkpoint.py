@@ -44,6 +44,7 @@ __all__ = [
     "CheckpointError",
     "SupportsCheckpoint",
     "algorithm_state",
+    "check_identity",
     "checkpoint_files",
     "latest_checkpoint",
     "pack_state",
@@ -190,6 +191,20 @@ class Checkpoint:
         """The run's counters when the checkpoint was taken."""
         run: dict[str, Any] = self.meta.get("run", {})
         return run
+
+
+def check_identity(ckpt: Checkpoint, algorithm: str, env_id: str) -> None:
+    """Check that ``ckpt`` was taken by ``algorithm`` on ``env_id`` (a checkpoint without
+    them in its meta passes).
+
+    Raises:
+        CheckpointError: naming the file and both values when one differs.
+    """
+    for key, expected in (("algorithm", algorithm), ("env_id", env_id)):
+        found = ckpt.meta.get(key)
+        if found is not None and found != expected:
+            why = f"was taken with {key} {found!r}, but the run config has {expected!r}"
+            raise CheckpointError(ckpt.path, why)
 
 
 def write_checkpoint(

@@ -28,6 +28,7 @@ import numpy as np
 from tianji.checkpoint import (
     Checkpoint,
     CheckpointError,
+    check_identity,
     latest_checkpoint,
     read_checkpoint,
     restore_algorithm,
@@ -125,11 +126,7 @@ def check_compatible(ckpt: Checkpoint, config: RunConfig) -> None:
         CheckpointError: naming both values when the checkpoint's ``algorithm`` or
             ``env_id`` differs from the run config's.
     """
-    for key, expected in (("algorithm", config.algorithm), ("env_id", config.env.id)):
-        found = ckpt.meta.get(key)
-        if found is not None and found != expected:
-            why = f"was taken with {key} {found!r}, but the run config has {expected!r}"
-            raise CheckpointError(ckpt.path, why)
+    check_identity(ckpt, config.algorithm, config.env.id)
 
 
 def load_policy(config: RunConfig, ckpt: Checkpoint, *, device: str) -> Any:

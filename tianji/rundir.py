@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from tianji.checkpoint import Checkpoint, latest_checkpoint, read_checkpoint
+from tianji.checkpoint import Checkpoint, check_identity, latest_checkpoint, read_checkpoint
 from tianji.config import RunConfig, load_config, to_dict
 from tianji.errors import ConfigError
 from tianji.progress import (
@@ -161,8 +161,6 @@ def resume_point(path: str | Path, config: RunConfig) -> tuple[RunDirectory, Che
         CheckpointError: when it holds no readable checkpoint, or the checkpoint is of
             another algorithm or env.
     """
-    from tianji.checkpoint import CheckpointError
-
     directory = RunDirectory.existing(path)
     before = to_dict(load_config(directory.config))
     now = to_dict(config)
@@ -171,9 +169,7 @@ def resume_point(path: str | Path, config: RunConfig) -> tuple[RunDirectory, Che
             why = f"{before.get(key)!r} as in {directory.config} (a resumed run keeps {key})"
             raise ConfigError(key, now.get(key), why)
     ckpt = read_checkpoint(latest_checkpoint(directory.path))
-    for key, want in (("algorithm", config.algorithm), ("env_id", config.env.id)):
-        if ckpt.meta.get(key, want) != want:
-            raise CheckpointError(ckpt.path, f"{key} is {ckpt.meta.get(key)!r}, not {want!r}")
+    check_identity(ckpt, config.algorithm, config.env.id)
     return directory, ckpt
 
 

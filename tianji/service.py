@@ -258,6 +258,11 @@ class Service:
             self.stop_reason = reason
         self._stopping.set()
 
+    @property
+    def failure(self) -> str | None:
+        """Why the service failed (:meth:`fail`), or ``None``."""
+        return self._failure
+
     def fail(self, reason: str) -> None:
         """Stop the service and make :meth:`run` raise :class:`ServiceFailed`."""
         if self._failure is None:

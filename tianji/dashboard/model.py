@@ -13,6 +13,7 @@ import collections
 import dataclasses
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 from tianji.controller import Balancer, Controller, accounting, dropped_by_reason, lag_summary
@@ -35,6 +36,9 @@ class RunMonitor(Protocol):
 
     episodes: int
     returns: collections.deque[float]
+    checkpoint_version: int
+    """Policy version of the newest checkpoint written (-1: none yet)."""
+    last_checkpoint: Path | None
 
     @property
     def env_steps(self) -> int:
@@ -269,5 +273,13 @@ def status(
         "lag_histogram": lag_histogram(beats),
         "controller": balance,
         "accounting": accounting(beats, on_policy),
+        "checkpoint": checkpoint_status(monitor),
         "services": services(controller, expected),
     }
+
+
+def checkpoint_status(monitor: RunMonitor | None) -> dict[str, Any] | None:
+    """The newest checkpoint written (file and policy version), ``None`` before one."""
+    if monitor is None or monitor.last_checkpoint is None:
+        return None
+    return {"path": str(monitor.last_checkpoint), "policy_version": monitor.checkpoint_version}

@@ -225,6 +225,12 @@ class _RunCollector(Collector):
             if value is not None:
                 yield _gauge(f"tianji_{name}_per_second", f"Samples {name} rate.", value)
         yield _gauge("tianji_run_seconds", "Seconds since the dashboard started.", now.t)
+        if monitor is not None and monitor.last_checkpoint is not None:
+            yield _gauge(
+                "tianji_checkpoint_policy_version",
+                "Policy version of the newest checkpoint written.",
+                monitor.checkpoint_version,
+            )
         yield from _service_metrics(services(dash.controller, dash.expected))
 
 

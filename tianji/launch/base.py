@@ -119,8 +119,8 @@ class Launcher:
             that run in this loop for the whole run.
         balance: when given, the controller balances production and consumption.
         before_stop: awaited (with the reason, at most ``grace`` seconds) before a run that
-            ends cleanly (complete, SIGTERM) is stopped, while every service still runs:
-            e.g. take a last checkpoint.
+            ends cleanly (complete, SIGTERM, Ctrl-C once running) is stopped, while every
+            service still runs: e.g. take a last checkpoint.
 
     Raises:
         ConfigError: if two specs share a name.
@@ -202,6 +202,7 @@ class Launcher:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(signal.SIGTERM, stop_signal.set)
         reason = "interrupted"
+        watching = False  # every service was started; then Ctrl-C stops the run cleanly too
         local: list[ServiceTask] = []
         try:
             await _ready_or_failed(self.controller, ctl_task)
@@ -212,13 +213,15 @@ class Launcher:
                 spec = dataclasses.replace(spec, controller=self.controller.address)
                 self.children[spec.name] = await self._spawn(spec)
             await self._started()
+            watching = True
             reason = await self._watch(stop_signal, started)
             if reason == "timeout":
                 raise TimeoutError(f"run {self.controller.run_id} timed out after {self.timeout}s")
         finally:
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.remove_signal_handler(signal.SIGTERM)
-            if self.before_stop is not None and reason in ("complete", "terminated"):
+            clean = reason in ("complete", "terminated") or (watching and reason == "interrupted")
+            if self.before_stop is not None and clean:
                 try:
                     await asyncio.wait_for(self.before_stop(self.controller, reason), self.grace)
                 except Exception:  # the run's end must not depend on it

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 from typing import Any
 
 import numpy as np
@@ -27,7 +28,7 @@ import numpy as np
 from tianji.balance import LagStats
 from tianji.checkpoint import algorithm_state, pack_state, restore_algorithm, unpack_state
 from tianji.core import SupportsGradientSync
-from tianji.errors import ConfigError, SyncFailed
+from tianji.errors import ConfigError, SyncFailed, TianjiError
 from tianji.events import (
     BatchRequested,
     CheckpointRequested,
@@ -56,6 +57,8 @@ from tianji.services.allreduce import AllReduce, weights_digest
 from tianji.services.common import apply_run_options, make_algorithm, parse_run_config
 
 __all__ = ["LagStats", "LearnerService"]
+
+log = logging.getLogger(__name__)
 
 
 class LearnerService(Service):
@@ -234,6 +237,26 @@ class LearnerService(Service):
         if await self.publish(ev, CHECKPOINTS):
             self.counters["checkpoints_taken"] += 1
 
+    def _checkpoint_at_stop(self) -> None:
+        """Stopped by a signal (Ctrl-C) with updates since the last checkpoint: hand the
+        state to the monitor without waiting (the drain delivers it), unless an update was
+        cut off mid-way (its state is not one update's) or the learner failed."""
+        c = self.config.checkpoint
+        if self.index != 0 or not c.enabled or self._updating or self.failure is not None:
+            return
+        if self.version == self._checkpointed[0] or not self.subscriber_count(CHECKPOINTS):
+            return
+        self._checkpointed = (self.version, 0.0)
+        state = np.frombuffer(pack_state(algorithm_state(self.algo)), np.uint8)
+        try:
+            self.publish_nowait(
+                CheckpointTaken(policy_version=self.version, state=state), CHECKPOINTS
+            )
+            self.counters["checkpoints_taken"] += 1
+        except TianjiError as exc:  # the monitor's link is full or gone
+            self.counters["checkpoints_unsent"] += 1
+            log.warning("%s: no checkpoint at stop: %s", self.name, exc)
+
     async def on_control(self, ev: Event) -> None:
         if isinstance(ev, CheckpointRequested):
             if self._updating:
@@ -303,6 +326,7 @@ class LearnerService(Service):
             self.fail(str(exc))
         finally:
             self._closing = True
+            self._checkpoint_at_stop()
             queued = [self._batches.get_nowait() for _ in range(self._batches.qsize())]
             self._drop_at_stop(queued + ([self._current] if self._current is not None else []))
             self._held = 0
@@ -350,11 +374,9 @@ class LearnerService(Service):
             self.report_soon()
             return
         self.lag.add(lags)
-        self._updating = True
-        try:
-            result = await asyncio.to_thread(self.algo.update, batch.arrays)
-        finally:
-            self._updating = False
+        self._updating = True  # stays set if cancelled: the thread may still be updating
+        result = await asyncio.to_thread(self.algo.update, batch.arrays)
+        self._updating = False
         self.version += 1
         self.counters["learner_updates"] = self.version
         self.counters["samples_consumed"] += n
