@@ -238,11 +238,15 @@ class LearnerService(Service):
             self.counters["checkpoints_taken"] += 1
 
     def _checkpoint_at_stop(self) -> None:
-        """Stopped by a signal (Ctrl-C) with updates since the last checkpoint: hand the
-        state to the monitor without waiting (the drain delivers it), unless an update was
-        cut off mid-way (its state is not one update's) or the learner failed."""
+        """Stopped by a signal of its own (SIGTERM / SIGINT to this process) with updates
+        since the last checkpoint: hand the state to the monitor without waiting (the drain
+        delivers it), unless an update was cut off mid-way (its state is not one update's)
+        or the learner failed. A run that stops cleanly asked for its last checkpoint before
+        sending Shutdown (``RunPlan.before_stop``)."""
         c = self.config.checkpoint
         if self.index != 0 or not c.enabled or self._updating or self.failure is not None:
+            return
+        if not self.stop_reason.startswith("signal "):  # a Shutdown: the run took its own
             return
         if self.version == self._checkpointed[0] or not self.subscriber_count(CHECKPOINTS):
             return
