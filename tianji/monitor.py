@@ -13,7 +13,7 @@ import asyncio
 import collections
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -196,22 +196,19 @@ class TrainMonitor(Service):
 
     async def wait_replay(self, buffers: Sequence[str], since: float, timeout: float) -> bool:
         """Wait until every buffer in ``buffers`` had a snapshot written after ``since``."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while any(self.replay_written.get(b, -1.0) < since for b in buffers):
-            left = deadline - loop.time()
-            if left <= 0:
-                return False
-            waiter = asyncio.ensure_future(self._written.wait())
-            await asyncio.wait({waiter}, timeout=left)
-            waiter.cancel()
-        return True
+        written = self.replay_written
+        return await self._wait_written(
+            lambda: all(written.get(b, -1.0) >= since for b in buffers), timeout
+        )
 
     async def wait_checkpoint(self, version: int, timeout: float) -> bool:
         """Wait until a checkpoint of at least ``version`` is written (or ``timeout``)."""
+        return await self._wait_written(lambda: self.checkpoint_version >= version, timeout)
+
+    async def _wait_written(self, done: Callable[[], bool], timeout: float) -> bool:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        while self.checkpoint_version < version:
+        while not done():
             left = deadline - loop.time()
             if left <= 0:
                 return False
