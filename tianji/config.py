@@ -215,6 +215,55 @@ class CheckpointConfig:
         return self.every_updates > 0 or self.every_seconds > 0
 
 
+RESTARTABLE_ROLES = ("actor", "inference", "buffer")
+LEARNER_ON_DEATH = ("stop", "resume")
+BUFFER_ON_RESTART = ("empty", "snapshot")
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class RecoveryConfig:
+    """``[recovery]``: what the launcher does when a service dies (its process exits, or it
+    misses ``missed_heartbeats`` heartbeats in a row and is killed)."""
+
+    restarts: dict[str, int] = dataclasses.field(
+        default_factory=lambda: dict.fromkeys(RESTARTABLE_ROLES, 3)
+    )
+    """Restarts each service of a role may have, e.g. ``{actor = 5, buffer = 1}``; roles
+    left out keep 3; 0 turns restarts of the role off (its death ends the run)."""
+    backoff: float = 1.0
+    """Seconds before a service's first restart; doubled for each further one (max 30)."""
+    missed_heartbeats: int = 5
+    """A registered service silent for this many heartbeat intervals (1 s) is declared dead
+    and killed (then restarted like one that exited)."""
+    learner: str = "stop"
+    """A dead learner: ``stop`` ends the run (non-zero exit, naming it); ``resume`` restarts
+    it from the newest checkpoint (needs a run directory; one learner)."""
+    buffer: str = "empty"
+    """A restarted replay buffer starts ``empty`` or from its ``snapshot`` (needs
+    ``[checkpoint] replay``); what it held is counted as ``dropped/lost_in_restart``."""
+
+    def __post_init__(self) -> None:
+        for role, count in self.restarts.items():
+            if role not in RESTARTABLE_ROLES:
+                raise ConfigError(
+                    f"recovery.restarts.{role}", count, f"a role of {list(RESTARTABLE_ROLES)}"
+                )
+            if type(count) is not int or count < 0:
+                raise ConfigError(f"recovery.restarts.{role}", count, "an int >= 0")
+        if not 0 <= self.backoff <= 60:
+            raise ConfigError("recovery.backoff", self.backoff, "0 .. 60 s")
+        _positive("recovery", self, ("missed_heartbeats",))
+        if self.learner not in LEARNER_ON_DEATH:
+            raise ConfigError("recovery.learner", self.learner, " | ".join(LEARNER_ON_DEATH))
+        if self.buffer not in BUFFER_ON_RESTART:
+            raise ConfigError("recovery.buffer", self.buffer, " | ".join(BUFFER_ON_RESTART))
+
+    def budget(self, role: str) -> int:
+        """Restarts a service of ``role`` may have (the learner: 1 per death with
+        ``learner = "resume"``, unlimited deaths are not; see the launcher)."""
+        return self.restarts.get(role, 3) if role in RESTARTABLE_ROLES else 0
+
+
 RUN_DIR_ENV = "TIANJI_RUN_DIR"
 """The environment variable that sets the default ``run_dir``."""
 
@@ -279,6 +328,7 @@ class RunConfig:
     controller: ControllerConfig = dataclasses.field(default_factory=ControllerConfig)
     ray: RayConfig = dataclasses.field(default_factory=RayConfig)
     checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
+    recovery: RecoveryConfig = dataclasses.field(default_factory=RecoveryConfig)
     algo: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Fields of the algorithm's own ``Config`` (checked against it)."""
 
@@ -296,6 +346,16 @@ class RunConfig:
             raise ConfigError(
                 "buffer.shards", shards, "1 with controller.mode = 'sync' (one round of all actors)"
             )
+        recovery = self.recovery
+        if recovery.buffer == "snapshot" and not self.checkpoint.replay:
+            why = "'empty' unless [checkpoint] replay = true (no snapshot to restart from)"
+            raise ConfigError("recovery.buffer", recovery.buffer, why)
+        if recovery.learner == "resume" and self.learner.count > 1:
+            why = "'stop' with learner.count > 1 (the learners restart together: not yet)"
+            raise ConfigError("recovery.learner", recovery.learner, why)
+        if recovery.learner == "resume" and not self.checkpoint.enabled:
+            why = "'stop' when checkpoints are off (nothing to resume from)"
+            raise ConfigError("recovery.learner", recovery.learner, why)
 
 
 def _positive(section: str, obj: object, names: Sequence[str]) -> None:

@@ -102,6 +102,7 @@ class Controller(Service):
         self.registry: dict[str, ServiceRecord] = {}
         self.reports: dict[str, ServiceReported] = {}
         self.heartbeats: dict[str, Heartbeat] = {}  # latest per service, kept after it leaves
+        self.restarts: collections.Counter[str] = collections.Counter()  # by service name
         self._watchers: dict[str, set[Connection]] = {}
 
     # ------------------------------------------------------------------ queries
@@ -257,6 +258,28 @@ class Controller(Service):
                 update = PublishersChanged(topic=name, addresses=self.publishers(name, where))
                 await self._tell(watcher, update)
 
+    def retire(self, name: str) -> None:
+        """``name`` died and will be restarted: keep its last counts under ``name#<k>``
+        (k-th death) so the run's totals and accounting stay cumulative, count what it held
+        (``buffered_samples``, ``held_samples``) as ``dropped/lost_in_restart``, and let the
+        next incarnation report from zero under ``name``."""
+        self.restarts[name] += 1
+        if self.balancer is not None:
+            self.balancer.grants.pop(name, None)
+        hb = self.heartbeats.pop(name, None)
+        if hb is None:
+            return
+        counters = dict(hb.counters)
+        gauges = dict(hb.gauges)
+        lost = int(gauges.pop("buffered_samples", 0) + gauges.pop("held_samples", 0))
+        if lost:
+            counters["dropped/lost_in_restart"] = counters.get("dropped/lost_in_restart", 0) + lost
+        retired = f"{name}#{self.restarts[name]}"
+        self.heartbeats[retired] = dataclasses.replace(
+            hb, name=retired, state="dead", counters=counters, gauges=gauges
+        )
+        self._notify()
+
     async def command(self, name: str, ev: Event) -> bool:
         """Send a command to one registered service; False if it is not registered or the
         send failed."""
@@ -369,10 +392,11 @@ class Balancer:
         limit = decision.consume_limit // self.config.learners
         learners = [n for n, hb in heartbeats.items() if hb.role == "learner" and n in live]
         for name in learners:
-            if self.grants.get(name) != limit:
-                grant = ConsumptionGranted(limit=limit, reason=decision.reason)
+            own = limit - _retired_consumed(heartbeats, name)  # a restarted one counts from 0
+            if self.grants.get(name) != own:
+                grant = ConsumptionGranted(limit=own, reason=decision.reason)
                 if await self._send(name, grant):
-                    self.grants[name] = limit
+                    self.grants[name] = own
                     self.commands["grant"] += 1
 
     def rates(self) -> tuple[float, float]:
@@ -424,6 +448,16 @@ class Balancer:
             "commands": dict(self.commands),
             "last_decision": self.last.reason if self.last is not None else None,
         }
+
+
+def _retired_consumed(heartbeats: Mapping[str, Heartbeat], name: str) -> int:
+    """Samples consumed by the earlier incarnations of ``name`` (see Controller.retire)."""
+    prefix = f"{name}#"
+    return sum(
+        hb.counters.get("samples_consumed", 0)
+        for n, hb in heartbeats.items()
+        if n.startswith(prefix)
+    )
 
 
 def _dropped(hb: Heartbeat) -> int:

@@ -49,6 +49,9 @@ class TrainMonitor(Service):
             that subscribes gets its state (:class:`~tianji.events.CheckpointRestored`).
         replay: the replay buffer shards whose snapshots to write (``[checkpoint] replay``).
         replay_resume: a resumed run's replay snapshots, by buffer, sent to each shard.
+        restorable: learners (``recovery.learner = "resume"``) and the ``replay`` shards
+            (``recovery.buffer = "snapshot"``) may be restarted from checkpoints during the
+            run: the restore topics exist from the start (:meth:`prepare_restore`).
     """
 
     role = "monitor"
@@ -64,11 +67,13 @@ class TrainMonitor(Service):
         resume: Checkpoint | None = None,
         replay: Sequence[str] = (),
         replay_resume: dict[str, Checkpoint] | None = None,
+        restorable: bool = False,
         **kwargs: Any,
     ) -> None:
         self.replay_resume = dict(replay_resume or {})
-        topics = [RESTORE] if resume is not None else []
-        topics += [replay_restore_topic(b) for b in sorted(self.replay_resume)]
+        topics = [RESTORE] if resume is not None or restorable else []
+        shards = set(self.replay_resume) | (set(replay) if restorable else set())
+        topics += [replay_restore_topic(b) for b in sorted(shards)]
         super().__init__(name, publishes=topics, **kwargs)
         self.stop_config = stop
         self.started = time.monotonic()
@@ -81,6 +86,9 @@ class TrainMonitor(Service):
         self.stopped: tuple[float, int] | None = None  # (seconds, env steps) at the stop
         self.steps_to_target: int | None = None
         self.resume = resume
+        self.restore = resume  # what a (re)starting learner continues from ...
+        self.restore_version = resume.policy_version if resume is not None else 0  # ... as
+        self.retired_env_steps = 0  # env steps of actors' earlier incarnations
         self.start_env_steps = 0  # env steps before this run (a resumed run's checkpoint)
         self.elapsed_before = 0.0  # seconds of the run before this part of it
         if resume is not None:
@@ -115,7 +123,14 @@ class TrainMonitor(Service):
     @property
     def env_steps_here(self) -> int:
         """Env steps since this process started the run (or resumed it)."""
-        return sum(self.env_steps_by_actor.values())
+        return self.retired_env_steps + sum(self.env_steps_by_actor.values())
+
+    def prepare_restore(self, checkpoint: Checkpoint, version: int) -> None:
+        """A learner restarted during the run continues from ``checkpoint``, publishing as
+        ``version`` (at least the highest version the run reached, so that the parameter
+        service and the actors take its weights as the newest)."""
+        self.restore = checkpoint
+        self.restore_version = version
 
     def mean_return(self) -> float | None:
         return float(np.mean(self.returns)) if self.returns else None
@@ -123,6 +138,9 @@ class TrainMonitor(Service):
     async def on_episodes(self, ev: EpisodesFinished) -> None:
         if self.first_data is None:
             self.first_data = time.monotonic() - self.started
+        before = self.env_steps_by_actor.get(ev.actor, 0)
+        if ev.env_steps <= before:  # a new incarnation of the actor counts from 0 again
+            self.retired_env_steps += before
         self.env_steps_by_actor[ev.actor] = ev.env_steps
         self.returns.extend(ev.returns.tolist())
         self.episodes += int(ev.returns.size)
@@ -218,10 +236,9 @@ class TrainMonitor(Service):
         return True
 
     async def on_subscribed(self, conn: Connection, topics: Sequence[str]) -> None:
-        if RESTORE in topics and self.resume is not None:
-            ckpt = self.resume
-            state = np.frombuffer(ckpt.state, np.uint8)
-            ev = CheckpointRestored(policy_version=ckpt.policy_version, state=state)
+        if RESTORE in topics and self.restore is not None:
+            state = np.frombuffer(self.restore.state, np.uint8)
+            ev = CheckpointRestored(policy_version=self.restore_version, state=state)
             await self.send_to_subscriber(conn, ev, RESTORE)
             self.counters["restores_sent"] += 1
         for buffer, snapshot in self.replay_resume.items():

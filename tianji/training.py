@@ -33,6 +33,7 @@ from tianji.launch.local import LocalLauncher
 from tianji.launch.spec import ServiceSpec
 from tianji.monitor import TrainMonitor
 from tianji.progress import RunFacts, Snapshot, learner_totals, plain_line, take_snapshot
+from tianji.recovery import restart_policy
 from tianji.rundir import RunDirectory, RunRecorder, resume_point, write_json_atomic
 from tianji.service import Service
 from tianji.services import buffer_name, learner_name
@@ -186,6 +187,8 @@ class RunPlan:
                 resume=self.checkpoint,
                 replay=self.replay_buffers(),
                 replay_resume=self.replay_resume,
+                restorable=config.recovery.learner == "resume"
+                or config.recovery.buffer == "snapshot",
                 bind=bind,
                 controller=controller_address,
                 advertise=advertise or None,
@@ -361,7 +364,7 @@ def _launcher(backend: str, plan: RunPlan) -> Launcher:
     config = plan.config
     control_bind = _binds(config.transport)[1]
     if backend == "local":
-        return LocalLauncher(
+        launcher = LocalLauncher(
             plan.specs,
             until=plan.until,
             in_process=config.transport == "inproc",
@@ -372,6 +375,8 @@ def _launcher(backend: str, plan: RunPlan) -> Launcher:
             before_stop=plan.before_stop,
             balance=plan.balance,
         )
+        launcher.restarts = restart_policy(plan, launcher.controller, plan.out)
+        return launcher
     if backend != "ray":
         raise ConfigError("backend", backend, "local or ray")
     if config.transport != "tcp":
@@ -485,6 +490,7 @@ def summarize(
             controller.balancer.metrics(controller.heartbeats) if controller.balancer else None
         ),
         "accounting": accounting(controller.heartbeats, on_policy),
+        "restarts": dict(sorted(controller.restarts.items())),
         "resumed_from": _resumed(monitor),
         "checkpoints": {
             "written": monitor.counters["checkpoints_written"],
@@ -494,6 +500,7 @@ def summarize(
         "services": {
             name: {
                 "role": hb.role,
+                "restarts": controller.restarts[name],
                 "counters": {k: v for k, v in hb.counters.items() if not k.startswith("lag/")},
             }
             for name, hb in sorted(controller.heartbeats.items())

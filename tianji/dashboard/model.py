@@ -223,14 +223,14 @@ def services(
             age=None if hb is None else round(now - record.last_seen, 2),
         )
     for name, hb in controller.heartbeats.items():
-        if name not in rows:
+        if name not in rows and "#" not in name:  # name#k: an earlier incarnation
             age = round(max(0.0, time.time() - hb.sent_at), 2)
             rows[name] = _row(name, hb.role, "left", hb, age=age)
     for name in expected:
         if name not in rows:
             rows[name] = _row(name, name.rsplit("-", 1)[0], "waiting", None)
-    # no service is restarted yet: the column is there for when one is
-    return [rows[n] | {"index": _index(n), "restarts": 0} for n in sorted(rows)]
+    restarts = controller.restarts
+    return [rows[n] | {"index": _index(n), "restarts": restarts[n]} for n in sorted(rows)]
 
 
 def run_state(monitor: RunMonitor | None, finished: str | None) -> tuple[str, str | None]:

@@ -27,12 +27,42 @@ from tianji.launch.spec import ServiceSpec
 from tianji.runtime import run
 from tianji.service import Service, ServiceOptions
 
-__all__ = ["Handle", "LaunchResult", "Launcher", "Progress", "ServiceTask", "Until", "run_launcher"]
+__all__ = [
+    "Handle",
+    "LaunchResult",
+    "Launcher",
+    "Progress",
+    "RestartPolicy",
+    "ServiceTask",
+    "Until",
+    "run_launcher",
+]
 
 log = logging.getLogger("tianji.launch")
 Until = Callable[[Controller], bool]
 Progress = Callable[[Controller, float], None]
 BeforeStop = Callable[[Controller, str], Awaitable[None]]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RestartPolicy:
+    """Which dead services the launcher starts again, and when.
+
+    Attributes:
+        budget: restarts a service (by name) may have; 0: its death ends the run.
+        backoff: seconds before a service's first restart, doubled for each further one.
+        backoff_max: the longest wait before a restart.
+        heartbeat_timeout: a registered service silent this long is declared dead and
+            killed (``None``: only an exited process is dead).
+        prepare: the spec of restart ``k`` of a service (e.g. resume from a checkpoint);
+            ``None`` from it ends the run instead (with the reason it logged).
+    """
+
+    budget: Callable[[str], int]
+    backoff: float = 1.0
+    backoff_max: float = 30.0
+    heartbeat_timeout: float | None = None
+    prepare: Callable[[ServiceSpec, int], ServiceSpec | None] | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -121,6 +151,8 @@ class Launcher:
         before_stop: awaited (with the reason, at most ``grace`` seconds) before a run that
             ends cleanly (complete, SIGTERM, Ctrl-C once running) is stopped, while every
             service still runs: e.g. take a last checkpoint.
+        restarts: start dead services again (see :class:`RestartPolicy`); without it, any
+            death ends the run.
 
     Raises:
         ConfigError: if two specs share a name.
@@ -140,6 +172,7 @@ class Launcher:
         local_services: Callable[[str], Sequence[Service]] | None = None,
         balance: BalanceConfig | None = None,
         before_stop: BeforeStop | None = None,
+        restarts: RestartPolicy | None = None,
     ) -> None:
         names = [s.name for s in specs]
         dupes = sorted({n for n in names if names.count(n) > 1})
@@ -155,6 +188,8 @@ class Launcher:
         self.children: dict[str, Handle] = {}
         self.local_services = local_services
         self.before_stop = before_stop
+        self.restarts = restarts
+        self._killed: dict[str, str] = {}  # declared dead and killed by us: why
 
     # ------------------------------------------------------------------ for subclasses
     async def _spawn(self, spec: ServiceSpec) -> Handle:
@@ -236,10 +271,12 @@ class Launcher:
         return reason, codes
 
     async def _watch(self, stop_signal: asyncio.Event, started: float) -> str:
-        """Return why the run ends: complete, failed NAME ..., timeout or terminated."""
+        """Return why the run ends: complete, failed NAME ..., timeout or terminated.
+        Dead services within their restart budget are started again meanwhile."""
         exits: dict[asyncio.Future[Any], str] = {
             asyncio.ensure_future(c.wait()): n for n, c in self.children.items()
         }
+        restarting: dict[asyncio.Future[Any], str] = {}
         complete = asyncio.ensure_future(self.controller.wait_until(self.until))
         signalled = asyncio.ensure_future(stop_signal.wait())
         pending: set[asyncio.Future[Any]] = {complete, signalled, *exits}
@@ -248,6 +285,8 @@ class Launcher:
             while True:
                 deadline = None if self.timeout is None else started + self.timeout
                 wait = self.progress_interval if self.progress else None
+                if self.restarts is not None and self.restarts.heartbeat_timeout is not None:
+                    wait = min(wait or 1.0, 1.0)
                 if deadline is not None:
                     left = deadline - time.monotonic()
                     if left <= 0:
@@ -260,26 +299,96 @@ class Launcher:
                     return "complete"
                 if signalled in done:
                     return "terminated"
-                failure = self._failure(done, exits)
+                for task in done & restarting.keys():
+                    name = restarting.pop(task)
+                    handle = task.result()  # a failed spawn ends the run (raises)
+                    self.children[name] = handle
+                    waiter = asyncio.ensure_future(handle.wait())
+                    exits[waiter] = name
+                    pending.add(waiter)
+                failure = self._failure(done, exits, restarting, pending)
                 if failure is not None:
                     return failure
+                self._kill_silent()
                 if self.progress and time.monotonic() >= next_progress:
                     self.progress(self.controller, time.monotonic() - started)
                     next_progress = time.monotonic() + self.progress_interval
         finally:
             for task in pending:
                 task.cancel()
+            await self._settle_restarts(restarting)
 
-    def _failure(self, done: set[asyncio.Future[Any]], exits: dict[Any, str]) -> str | None:
+    def _failure(
+        self,
+        done: set[asyncio.Future[Any]],
+        exits: dict[Any, str],
+        restarting: dict[asyncio.Future[Any], str],
+        pending: set[asyncio.Future[Any]],
+    ) -> str | None:
+        """The run's end if a service died beyond its budget; else restarts are scheduled."""
         for task in done:
-            name = exits.get(task)
+            name = exits.pop(task, None)
             if name is None:
                 continue
             child = self.children[name]
-            if child.returncode != 0:
-                note = f" ({child.exit_note})" if child.exit_note else ""
-                return f"failed {name} exited with code {child.returncode}{note}"
+            if child.returncode == 0 and name not in self._killed:
+                continue
+            note = self._killed.pop(name, "") or child.exit_note
+            note = f" ({note})" if note else ""
+            why = f"exited with code {child.returncode}{note}"
+            restart = self._restart(name, why)
+            if restart is None:
+                return f"failed {name} {why}"
+            restarting[restart] = name
+            pending.add(restart)
         return None
+
+    def _restart(self, name: str, why: str) -> asyncio.Future[Handle] | None:
+        """Schedule the next incarnation of ``name``, or ``None`` when it may not have one."""
+        policy = self.restarts
+        done = self.controller.restarts[name]
+        if policy is None or done >= policy.budget(name):
+            return None
+        spec = self.children[name].spec
+        if policy.prepare is not None:
+            prepared = policy.prepare(spec, done + 1)
+            if prepared is None:
+                return None
+            spec = prepared
+        self.controller.retire(name)
+        delay = min(policy.backoff * 2**done, policy.backoff_max)
+        log.warning(
+            "%s %s: restart %d of %d in %.1f s", name, why, done + 1, policy.budget(name), delay
+        )
+
+        async def again() -> Handle:
+            await asyncio.sleep(delay)
+            return await self._spawn(spec)
+
+        return asyncio.ensure_future(again())
+
+    def _kill_silent(self) -> None:
+        """Declare dead (and kill) every registered service silent for too long."""
+        timeout = self.restarts.heartbeat_timeout if self.restarts is not None else None
+        if timeout is None:
+            return
+        now = time.monotonic()
+        for name, child in self.children.items():
+            record = self.controller.registry.get(name)
+            if child.returncode is not None or record is None or name in self._killed:
+                continue
+            if now - record.last_seen > timeout:
+                why = f"declared dead: no heartbeat for {now - record.last_seen:.1f} s"
+                log.error("%s %s", name, why)
+                self._killed[name] = why
+                child.signal(signal.SIGKILL)
+
+    async def _settle_restarts(self, restarting: dict[asyncio.Future[Any], str]) -> None:
+        """Restarts cut off by the end of the run: a process already spawned is kept in
+        ``children`` so that it is stopped with the others."""
+        for task, name in restarting.items():
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                self.children[name] = await task
 
     async def _stop_all(self, reason: str) -> dict[str, int | None]:
         """Shutdown -> SIGTERM -> SIGKILL; returns every service's exit code."""

@@ -1,0 +1,114 @@
+"""What a training run does when one of its services dies (``[recovery]``).
+
+The launcher (:class:`~tianji.launch.base.Launcher`) notices a death — the process exited,
+or a registered service missed ``missed_heartbeats`` heartbeats and was killed — and asks
+the :class:`~tianji.launch.base.RestartPolicy` built here whether and how to start it again:
+
+* **actors, inference, buffers** restart up to ``restarts[role]`` times each, after
+  ``backoff * 2**k`` seconds. A restarted actor gets the current weights from the parameter
+  service on subscription; a restarted replay buffer starts empty or from its newest replay
+  snapshot (``buffer = "snapshot"``). What the dead incarnation held is counted as
+  ``dropped/lost_in_restart`` (:meth:`~tianji.controller.Controller.retire`), so the run's
+  accounting still closes.
+* **the learner** ends the run (``learner = "stop"``: every process stops, the CLI exits
+  non-zero naming it) or restarts from the newest checkpoint (``learner = "resume"``); its
+  policy version continues from the highest one the run reached, so actors and the
+  parameter service accept its weights.
+* **the parameter service** is never restarted (its death ends the run).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import TYPE_CHECKING, TextIO
+
+from tianji.checkpoint import CheckpointError, latest_checkpoint, read_checkpoint, replay_file
+from tianji.controller import Controller
+from tianji.launch.base import RestartPolicy
+from tianji.launch.spec import ServiceSpec
+from tianji.service import ServiceOptions
+
+if TYPE_CHECKING:
+    from tianji.training import RunPlan
+
+__all__ = ["restart_policy", "role_of"]
+
+log = logging.getLogger(__name__)
+
+
+def role_of(name: str) -> str:
+    """A run's service role from its name (``actor-3`` -> ``actor``)."""
+    return name.rsplit("-", 1)[0]
+
+
+def restart_policy(plan: RunPlan, controller: Controller, out: TextIO) -> RestartPolicy:
+    """The restart policy of a planned run (see the module docstring)."""
+    recovery = plan.config.recovery
+
+    def budget(name: str) -> int:
+        role = role_of(name)
+        if role == "learner":
+            return 3 if recovery.learner == "resume" else 0
+        return recovery.budget(role)
+
+    def prepare(spec: ServiceSpec, k: int) -> ServiceSpec | None:
+        role = role_of(spec.name)
+        if role == "learner":
+            return _resume_learner(plan, controller, spec, out)
+        if role == "buffer":
+            return _restart_buffer(plan, spec)
+        return spec
+
+    return RestartPolicy(
+        budget=budget,
+        backoff=recovery.backoff,
+        heartbeat_timeout=recovery.missed_heartbeats * ServiceOptions().heartbeat_interval,
+        prepare=prepare,
+    )
+
+
+def _resume_learner(
+    plan: RunPlan, controller: Controller, spec: ServiceSpec, out: TextIO
+) -> ServiceSpec | None:
+    monitor = plan.monitor
+    directory = monitor.checkpoint_dir if monitor is not None else None
+    try:
+        if monitor is None or directory is None:
+            raise CheckpointError("-", "the run writes no checkpoints (no run directory)")
+        ckpt = read_checkpoint(latest_checkpoint(directory))
+    except CheckpointError as exc:
+        print(f"{spec.name} died and cannot resume: {exc}", file=out, flush=True)
+        return None
+    reached = max(
+        (
+            hb.counters.get("learner_updates", 0)
+            for hb in controller.heartbeats.values()
+            if hb.role == "learner"
+        ),
+        default=0,
+    )
+    version = max(ckpt.policy_version, reached)
+    monitor.prepare_restore(ckpt, version)
+    print(
+        f"{spec.name} died: resuming from {ckpt.path.name} (its policy version "
+        f"{ckpt.policy_version}; weights published as version {version})",
+        file=out,
+        flush=True,
+    )
+    return dataclasses.replace(spec, options={**spec.options, "restore": True})
+
+
+def _restart_buffer(plan: RunPlan, spec: ServiceSpec) -> ServiceSpec:
+    monitor = plan.monitor
+    options = {k: v for k, v in spec.options.items() if k != "restore"}
+    if plan.config.recovery.buffer == "snapshot" and monitor is not None:
+        directory = monitor.checkpoint_dir
+        path = replay_file(directory, spec.name) if directory is not None else None
+        if path is not None and path.exists():
+            try:
+                monitor.replay_resume[spec.name] = read_checkpoint(path)
+                options["restore"] = True
+            except CheckpointError as exc:
+                log.error("%s restarts empty: %s", spec.name, exc)
+    return dataclasses.replace(spec, options=options)
