@@ -210,6 +210,8 @@ class Controller(Service):
             self.counters["registrations_refused"] += 1
             await self._tell(conn, Shutdown(reason=why))
             return
+        if self.restarts.get(ev.name) and ev.name not in self.heartbeats:
+            self._settle_retired_learner(ev.name)  # the next incarnation joins
         old = self.registry.get(ev.name)
         if old is not None and old.conn is not conn:
             log.warning(
@@ -279,6 +281,28 @@ class Controller(Service):
             hb, name=retired, state="dead", counters=counters, gauges=gauges
         )
         self._notify()
+
+    def _settle_retired_learner(self, name: str) -> None:
+        """Rollout batches a buffer sent to a learner that died before it received them
+        will never be consumed: count them as ``dropped/lost_in_restart`` (and received) on
+        its retired incarnation. Done when the next incarnation registers, when the
+        buffers' heartbeats have long reported their last sends; without it the controller
+        would wait for that backlog forever and keep the actors paused."""
+        retired = f"{name}#{self.restarts[name]}"
+        hb = self.heartbeats.get(retired)
+        if hb is None or hb.role != "learner":
+            return
+        beats = self.heartbeats.values()
+        sent = sum(b.counters.get("samples_sent", 0) for b in beats if b.role == "buffer")
+        received = sum(b.counters.get("samples_received", 0) for b in beats if b.role == "learner")
+        lost = sent - received
+        if lost <= 0:
+            return
+        counters = dict(hb.counters)
+        counters["samples_received"] = counters.get("samples_received", 0) + lost
+        counters["dropped/lost_in_restart"] = counters.get("dropped/lost_in_restart", 0) + lost
+        self.heartbeats[retired] = dataclasses.replace(hb, counters=counters)
+        log.warning("%s died with %d samples on their way to it: lost_in_restart", name, lost)
 
     async def command(self, name: str, ev: Event) -> bool:
         """Send a command to one registered service; False if it is not registered or the
