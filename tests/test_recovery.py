@@ -102,7 +102,10 @@ def _service(status: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def _start(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[str], str]:
-    cmd = [sys.executable, "-m", "tianji", "train", str(PPO), "--dashboard", "127.0.0.1:0"]
+    """``tianji train`` (PPO unless the first argument is another config) with a dashboard."""
+    config = args[0] if args and args[0].endswith(".toml") else str(PPO)
+    args = args[1:] if args and args[0] == config else args
+    cmd = [sys.executable, "-m", "tianji", "train", config, "--dashboard", "127.0.0.1:0"]
     cmd += ["--run-dir", str(tmp_path), "--summary", str(tmp_path / "summary.json"), *args]
     proc = subprocess.Popen(
         cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -205,3 +208,39 @@ def test_a_killed_learner_with_resume_continues_from_its_checkpoint(tmp_path: Pa
     assert summary["restarts"] == {"learner-0": 1}
     learner = summary["services"]["learner-0"]["counters"]
     assert learner["restored_version"] >= 10
+
+
+@pytest.mark.slow
+def test_a_killed_replay_buffer_is_restarted_and_what_it_held_is_counted_lost(
+    tmp_path: Path,
+) -> None:
+    """DQN: the replay buffer dies holding thousands of transitions; it restarts empty,
+    refills, the learner goes on updating, and the lost transitions are in the accounting."""
+    proc, url = _start(
+        tmp_path, str(ROOT / "examples" / "cartpole_dqn.toml"), "--max-seconds", "45"
+    )
+    try:
+        status = _wait_for(
+            url + "api/status", lambda s: s["counters"]["learner_updates"] >= 50, timeout=120
+        )
+        pid = _service(status, "buffer-0")["pid"]
+        os.kill(pid, signal.SIGKILL)
+        updates_at_kill = _fetch(url + "api/status")["counters"]["learner_updates"]
+        _wait_for(
+            url + "api/status",
+            lambda s: (
+                _service(s, "buffer-0")["restarts"] == 1
+                and s["counters"]["learner_updates"] > updates_at_kill + 20
+            ),
+            timeout=90,
+        )
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["restarts"] == {"buffer-0": 1}
+    lost = summary["accounting"]["dropped"].get("lost_in_restart", 0)
+    assert lost >= 1000, summary["accounting"]  # learning_starts were stored at least
+    assert summary["accounting"]["balanced"], summary["accounting"]

@@ -355,13 +355,16 @@ class BatchRequested(Event):
 
     ``learner_version`` lets the buffer drop samples older than ``max_policy_lag``.
     ``buffer`` names the shard the credit is for (``""``: any buffer that serves
-    ``learner``); with several shards the count is per shard.
+    ``learner``); with several shards the count is per shard. ``received``: the batches the
+    learner got from that shard so far, so a restarted buffer that first hears of the
+    learner owes it only ``count - received``.
     """
 
     learner: str
     count: int
     learner_version: int
     buffer: str = ""
+    received: int = 0
 
 
 @event

@@ -179,8 +179,10 @@ class BufferService(Service):
     async def on_request_batches(self, ev: BatchRequested) -> None:
         if ev.learner not in self.learners or ev.buffer not in ("", self.name):
             return  # credit for another shard
-        before = self.requested.get(ev.learner, 0)
-        if ev.count < before:  # counting from 0 again: a restarted learner
+        before = self.requested.get(ev.learner)
+        if before is None:  # first word from it: a restarted buffer owes count - received
+            self.sent[ev.learner] = min(ev.received, ev.count)
+        elif ev.count < before:  # counting from 0 again: a restarted learner
             self.sent[ev.learner] = 0
         self.requested[ev.learner] = ev.count  # cumulative: a repeat changes nothing
         self.learner_version = max(self.learner_version, ev.learner_version)

@@ -122,6 +122,7 @@ class LearnerService(Service):
         self._batches: asyncio.Queue[SampleBatch] = asyncio.Queue(self.config.learner.prefetch)
         self.requested = 0  # batches asked for since start (the cumulative credit we sent)
         self.requested_from = dict.fromkeys(self.shards, 0)  # ... per buffer shard
+        self.received_from = dict.fromkeys(self.shards, 0)  # batches got from each shard
         self._held = 0  # samples received and not yet consumed or dropped (queued, training)
         self.gauges["held_samples"] = 0.0
         self.gauges["waiting_s"] = 0.0
@@ -180,6 +181,8 @@ class LearnerService(Service):
 
     async def on_batch(self, ev: SampleBatch) -> None:
         self.counters["samples_received"] += int(ev.policy_versions.size)
+        if ev.buffer in self.received_from:
+            self.received_from[ev.buffer] += 1
         if self._closing:
             self._drop_at_stop([ev])
             return
@@ -361,6 +364,7 @@ class LearnerService(Service):
                 count=count,
                 learner_version=self.version,
                 buffer=shard if self.config.buffer.shards > 1 else "",
+                received=self.received_from[shard],
             )
             await self.publish(ev, REQUESTS)
 
