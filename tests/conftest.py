@@ -1,16 +1,55 @@
-"""Session-wide settings: runs started by tests write their run directories under a
-temporary directory (``TIANJI_RUN_DIR``), never into the checkout."""
+"""Session-wide settings and checks.
+
+* Runs started by tests write their run directories under a temporary directory
+  (``TIANJI_RUN_DIR``), never into the checkout.
+* After the whole session, no process started by it is left alive (every process inherits
+  the session's ``TIANJI_TEST_SESSION`` marker) and no shared-memory segment of tianji is
+  left in ``/dev/shm``: exit paths (Ctrl-C, SIGTERM, kill -9, crashed children) release
+  everything.
+"""
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import tempfile
+import time
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from tianji.config import RUN_DIR_ENV
+from tianji.transports._shmring import PREFIX, SHM_DIR
+
+MARKER = "TIANJI_TEST_SESSION"
+
+
+def _leftover_processes(marker: str) -> dict[int, str]:
+    """Processes other than this one whose environment carries ``marker``."""
+    found: dict[int, str] = {}
+    needle = f"{MARKER}={marker}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
+            found[int(entry.name)] = (
+                (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            )
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return found
+
+
+def _segments() -> set[str]:
+    try:
+        return {n for n in os.listdir(SHM_DIR) if n.startswith(PREFIX)}
+    except OSError:
+        return set()
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -26,3 +65,26 @@ def _runs_in_a_temporary_directory() -> Iterator[None]:
         else:
             os.environ[RUN_DIR_ENV] = before
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _nothing_of_the_session_outlives_it() -> Iterator[None]:
+    if not Path("/proc/self/environ").exists():  # not Linux: nothing to check with
+        yield
+        return
+    marker = uuid.uuid4().hex
+    os.environ[MARKER] = marker
+    segments_before = _segments()
+    yield
+    deadline = time.monotonic() + 15  # Ray's workers and stopping children take a moment
+    while (left := _leftover_processes(marker)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for pid in left:  # do not leave them running whatever the verdict
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    segments = _segments() - segments_before
+    problems = [f"process {pid} still alive: {cmd}" for pid, cmd in sorted(left.items())]
+    problems += [f"/dev/shm/{name} left behind" for name in sorted(segments)]
+    assert not problems, "the test session leaked:\n" + "\n".join(problems)
