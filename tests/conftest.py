@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -20,9 +21,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tianji.transports._shmring import PREFIX, SHM_DIR
 
 from tianji.config import RUN_DIR_ENV
-from tianji.transports._shmring import PREFIX, SHM_DIR
 
 MARKER = "TIANJI_TEST_SESSION"
 
@@ -80,10 +81,8 @@ def _nothing_of_the_session_outlives_it() -> Iterator[None]:
     while (left := _leftover_processes(marker)) and time.monotonic() < deadline:
         time.sleep(0.5)
     for pid in left:  # do not leave them running whatever the verdict
-        try:
+        with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
     segments = _segments() - segments_before
     problems = [f"process {pid} still alive: {cmd}" for pid, cmd in sorted(left.items())]
     problems += [f"/dev/shm/{name} left behind" for name in sorted(segments)]

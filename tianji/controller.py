@@ -150,7 +150,7 @@ class Controller(Service):
                 await record.conn.send(frames)
                 sent += 1
             except TianjiError as exc:
-                log.warning("cannot send %s to %s: %s", ev.TYPE, record.name, exc)
+                log.warning("cannot send %s to %s: %s", ev.TYPE, record.name, str(exc))
         return sent
 
     async def shutdown_all(self, reason: str) -> int:
@@ -316,7 +316,7 @@ class Controller(Service):
         try:
             await record.conn.send(self._frames(ev, CONTROL))
         except TianjiError as exc:
-            log.info("cannot send %s to %s: %s", ev.TYPE, name, exc)
+            log.info("cannot send %s to %s: %s", ev.TYPE, name, str(exc))
             return False
         return True
 
@@ -324,7 +324,7 @@ class Controller(Service):
         try:
             await conn.send(self._frames(ev, CONTROL))
         except TianjiError as exc:
-            log.debug("cannot tell %s about %s: %s", conn.peer, ev.TYPE, exc)
+            log.debug("cannot tell %s about %s: %s", conn.peer, ev.TYPE, str(exc))
 
 
 Send = Callable[[str, Event], Awaitable[bool]]

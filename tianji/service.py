@@ -407,7 +407,7 @@ class Service:
                 conn.abort()
             except (TianjiError, TimeoutError) as exc:
                 self.counters["drain_failures"] += 1
-                log.warning("%s: could not drain %s: %s", self.name, conn.peer, exc)
+                log.warning("%s: could not drain %s: %s", self.name, conn.peer, str(exc))
                 conn.abort()
 
         await asyncio.gather(*(close(c) for c in subscribers | self._peers))
@@ -503,7 +503,7 @@ class Service:
             log.info("%s: subscriber %s left", self.name, conn.peer)
         else:
             self.counters["subscribers_lost"] += 1
-            log.warning("%s: subscriber %s lost: %s", self.name, conn.peer, exc)
+            log.warning("%s: subscriber %s lost: %s", self.name, conn.peer, str(exc))
         for conns in self._subscribers.values():
             conns.discard(conn)
         conn.abort()
@@ -518,7 +518,7 @@ class Service:
             await conn.send(self._frames(ev, CONTROL))
         except TianjiError as exc:
             self.counters["requests_unsent"] += 1
-            log.info("%s: %s not sent to %s: %s", self.name, ev.TYPE, conn.peer, exc)
+            log.info("%s: %s not sent to %s: %s", self.name, ev.TYPE, conn.peer, str(exc))
 
     async def _send_control(self, ev: Event) -> None:
         conn = self._controller_conn
@@ -551,10 +551,10 @@ class Service:
                     await self.on_request(ev, conn)
         except BadFrame as exc:
             self.counters["bad_frames"] += 1
-            log.warning("%s: closing connection from %s: %s", self.name, conn.peer, exc)
+            log.warning("%s: closing connection from %s: %s", self.name, conn.peer, str(exc))
             conn.abort()
         except TianjiError as exc:
-            log.debug("%s: peer %s gone: %s", self.name, conn.peer, exc)
+            log.debug("%s: peer %s gone: %s", self.name, conn.peer, str(exc))
         finally:
             self._peers.discard(conn)
             for conns in self._subscribers.values():
@@ -597,7 +597,7 @@ class Service:
                 conn = await transport.connect(link.address, limits=self.options.limits)
             except (TianjiError, OSError) as exc:
                 self.counters["link_connect_failures"] += 1
-                log.debug("%s: cannot reach %s: %s", self.name, link.address, exc)
+                log.debug("%s: cannot reach %s: %s", self.name, link.address, str(exc))
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.options.reconnect_max)
                 continue
@@ -613,9 +613,9 @@ class Service:
                         await handler(ev)
             except BadFrame as exc:
                 self.counters["bad_frames"] += 1
-                log.warning("%s: dropping link to %s: %s", self.name, link.address, exc)
+                log.warning("%s: dropping link to %s: %s", self.name, link.address, str(exc))
             except TianjiError as exc:
-                log.info("%s: link to %s ended: %s", self.name, link.address, exc)
+                log.info("%s: link to %s ended: %s", self.name, link.address, str(exc))
             finally:
                 link.conn = None
                 conn.abort()
@@ -665,7 +665,7 @@ class Service:
             except TianjiError as exc:
                 if self._stopping.is_set():
                     return
-                log.warning("%s: controller link lost: %s", self.name, exc)
+                log.warning("%s: controller link lost: %s", self.name, str(exc))
             finally:
                 self._controller_conn = None
                 conn.abort()

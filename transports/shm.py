@@ -125,7 +125,7 @@ class ShmListener:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:  # e.g. out of descriptors: that client sees a hang-up
-                log.warning("%s: accept failed: %s", self.address, exc)
+                log.warning("%s: accept failed: %s", self.address, str(exc))
                 return
             self._admit(sock)
 
@@ -145,7 +145,7 @@ class ShmListener:
         try:
             conn = ShmConnection(sock, self._limits, f"{self.address}<-pid{pid}", self._max_ring)
         except OSError as exc:  # no room in /dev/shm, no descriptors, ...
-            log.warning("%s: cannot serve pid %d: %s", self.address, pid, exc)
+            log.warning("%s: cannot serve pid %d: %s", self.address, pid, str(exc))
             sock.close()
             return
         self._pending.put_nowait(conn, 1)

@@ -171,7 +171,7 @@ class _StreamProtocol(asyncio.BufferedProtocol):
         if self.error is None:
             self.error = error
             if isinstance(error, BadFrame):
-                log.warning("closing connection from %s: %s", self.peer, error)
+                log.warning("closing connection from %s: %s", self.peer, str(error))
         self.inbox.close(error)
         if self.transport is not None:
             self.transport.abort()
