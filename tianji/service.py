@@ -36,6 +36,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import resource
 import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
@@ -65,6 +66,20 @@ E = TypeVar("E", bound=Event)
 Handler = Callable[[E], Awaitable[None]]
 CONTROL = ""  # topic of requests/replies on a link (not pub/sub)
 _YIELD_EVERY = 32
+
+
+def _memory_gauges() -> dict[str, float]:
+    """This process's resident memory now and at its peak, in MiB (Linux: /proc)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            now = int(f.read().split()[1]) * _PAGE / 2**20
+    except OSError:
+        now = peak
+    return {"rss_mb": round(now, 1), "max_rss_mb": round(peak, 1)}
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -309,13 +324,14 @@ class Service:
         return depths
 
     def heartbeat(self) -> Heartbeat:
-        """The heartbeat this service sends now."""
+        """The heartbeat this service sends now (its gauges include the process's memory:
+        ``rss_mb`` now and ``max_rss_mb`` since it started)."""
         return Heartbeat(
             name=self.name,
             role=self.role,
             state=self._state.value,
             counters=dict(self.counters),
-            gauges=dict(self.gauges),
+            gauges={**self.gauges, **_memory_gauges()},
             queue_depths=self.queue_depths(),
             sent_at=time.time(),
         )

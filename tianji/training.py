@@ -501,6 +501,7 @@ def summarize(
             name: {
                 "role": hb.role,
                 "restarts": controller.restarts[name],
+                "max_rss_mb": hb.gauges.get("max_rss_mb"),
                 "counters": {k: v for k, v in hb.counters.items() if not k.startswith("lag/")},
             }
             for name, hb in sorted(controller.heartbeats.items())
