@@ -69,17 +69,17 @@ _YIELD_EVERY = 32
 
 
 def _memory_gauges() -> dict[str, float]:
-    """This process's resident memory now and at its peak, in MiB (Linux: /proc)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    """This process's resident memory now and at its peak, in MiB: ``VmRSS`` and ``VmHWM``
+    of /proc/self/status (Linux; ``ru_maxrss`` elsewhere, which after a fork + exec may
+    still hold the parent's peak)."""
     try:
-        with open("/proc/self/statm", "rb") as f:
-            now = int(f.read().split()[1]) * _PAGE / 2**20
-    except OSError:
-        now = peak
+        with open("/proc/self/status", "rb") as f:
+            fields = dict(line.split(b":", 1) for line in f.read().splitlines() if b":" in line)
+        now = int(fields[b"VmRSS"].split()[0]) / 1024
+        peak = int(fields[b"VmHWM"].split()[0]) / 1024
+    except (OSError, KeyError, ValueError):
+        peak = now = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {"rss_mb": round(now, 1), "max_rss_mb": round(peak, 1)}
-
-
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
