@@ -3,6 +3,7 @@ accounting across incarnations."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -244,3 +245,41 @@ def test_a_killed_replay_buffer_is_restarted_and_what_it_held_is_counted_lost(
     lost = summary["accounting"]["dropped"].get("lost_in_restart", 0)
     assert lost >= 1000, summary["accounting"]  # learning_starts were stored at least
     assert summary["accounting"]["balanced"], summary["accounting"]
+
+
+@pytest.mark.slow
+def test_a_silent_actor_is_declared_dead_killed_and_restarted(tmp_path: Path) -> None:
+    """SIGSTOP: the process lives but sends nothing; after ``missed_heartbeats`` heartbeat
+    intervals the launcher kills it and starts a new one."""
+    proc, url = _start(
+        tmp_path,
+        *("--target-return", "1e9", "--max-seconds", "60"),
+        *("--set", "recovery.missed_heartbeats=3"),
+    )
+    try:
+        status = _wait_for(
+            url + "api/status", lambda s: s["counters"]["episodes"] > 10, timeout=120
+        )
+        pid = _service(status, "actor-0")["pid"]
+        os.kill(pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        _wait_for(
+            url + "api/status",
+            lambda s: (
+                _service(s, "actor-0")["restarts"] == 1
+                and _service(s, "actor-0")["pid"] not in (None, pid)
+            ),
+            timeout=30,
+        )
+        took = time.monotonic() - stopped
+        os.kill(proc.pid, signal.SIGTERM)  # a clean stop
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert 3 <= took < 15, f"restarted {took:.1f} s after it went silent"
+    assert "actor-0 declared dead: no heartbeat for" in out, out[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["restarts"] == {"actor-0": 1}
