@@ -1,7 +1,7 @@
 """Soak: one long training run, watched from outside for growth (not part of CI).
 
     python benchmarks/soak.py [--seconds 600] [--config examples/cartpole_ppo.toml]
-                              [--every 10] [--out soak.json]
+                              [--every 10] [--out soak.json] [--set transport=shm ...]
 
 Every ``--every`` seconds it records, for ``tianji train`` and each of its service
 processes: resident memory (``/proc/PID/statm``) and open file descriptors
@@ -51,7 +51,7 @@ def _sample(pid: int) -> tuple[float, int] | None:
         fds = len(os.listdir(f"/proc/{pid}/fd"))
     except OSError:
         return None
-    return rss, fds
+    return (rss, fds) if rss > 0 else None  # 0: exited, not reaped yet
 
 
 def _shm_entries() -> int:
@@ -73,11 +73,15 @@ def main() -> int:
     parser.add_argument("--config", default=str(ROOT / "examples" / "cartpole_ppo.toml"))
     parser.add_argument("--every", type=float, default=10.0)
     parser.add_argument("--out", default="soak.json")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="config overrides"
+    )
     args = parser.parse_args()
     runs = tempfile.mkdtemp(prefix="tianji-soak-")
     cmd = [sys.executable, "-m", "tianji", "train", args.config, "--no-dashboard"]
     cmd += ["--target-return", "1e12", "--max-seconds", str(args.seconds), "--run-dir", runs]
     cmd += ["--summary", str(Path(runs) / "summary.json")]
+    cmd += [arg for kv in args.set for arg in ("--set", kv)]
     print("soak:", " ".join(cmd), flush=True)
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     started = time.monotonic()
