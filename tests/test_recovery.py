@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from tianji.recovery import role_of
 
 ROOT = Path(__file__).resolve().parents[1]
 PPO = ROOT / "examples" / "cartpole_ppo.toml"
+DQN = ROOT / "examples" / "cartpole_dqn.toml"
 
 
 def _hb(name: str, role: str, counters: dict[str, int], **gauges: float) -> Heartbeat:
@@ -81,20 +83,63 @@ def test_a_retired_incarnation_keeps_its_counts_and_what_it_held_is_lost_in_rest
 
 
 # ---------------------------------------------------------------------- end to end
-def _fetch(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=10) as response:
-        return json.loads(response.read().decode())
+class Run:
+    """A ``tianji train`` process with its dashboard (PPO unless ``config`` is given)."""
 
+    def __init__(self, tmp_path: Path, *args: str, config: Path = PPO) -> None:
+        cmd = [sys.executable, "-m", "tianji", "train", str(config)]
+        cmd += ["--dashboard", "127.0.0.1:0", "--run-dir", str(tmp_path)]
+        cmd += ["--summary", str(tmp_path / "summary.json"), *args]
+        self.summary_path = tmp_path / "summary.json"
+        self.proc = subprocess.Popen(
+            cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        assert self.proc.stdout is not None
+        for _ in range(40):
+            line = self.proc.stdout.readline()
+            if line.startswith("dashboard: "):
+                self.url = line.split(" ", 1)[1].strip() + "api/status"
+                return
+        self.proc.kill()
+        raise AssertionError("no dashboard line")
 
-def _wait_for(url: str, ok: Any, timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        body = _fetch(url)
-        if ok(body):
-            return body
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out; last status: {json.dumps(body)[:3000]}")
-        time.sleep(0.3)
+    def status(self) -> Any:
+        with urllib.request.urlopen(self.url, timeout=10) as response:
+            return json.loads(response.read().decode())
+
+    def wait_for(self, ok: Callable[[Any], Any], timeout: float) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            body = self.status()
+            if ok(body):
+                return body
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out; last status: {json.dumps(body)[:3000]}")
+            time.sleep(0.3)
+
+    def kill_and_await_restart(
+        self, status: Any, name: str, sig: signal.Signals = signal.SIGKILL, timeout: float = 30
+    ) -> tuple[int, float]:
+        """Signal ``name``'s process; wait until a new one runs. Returns (old pid, seconds)."""
+        pid = int(_service(status, name)["pid"])
+        os.kill(pid, sig)
+        sent = time.monotonic()
+        self.wait_for(
+            lambda s: (
+                _service(s, name)["restarts"] == 1
+                and _service(s, name)["state"] == "running"
+                and _service(s, name)["pid"] not in (None, pid)
+            ),
+            timeout,
+        )
+        return pid, time.monotonic() - sent
+
+    def finish(self, timeout: float = 240) -> tuple[int, str, dict[str, Any]]:
+        """Wait for the end: (exit code, output, summary or {})."""
+        out, _ = self.proc.communicate(timeout=timeout)
+        path = self.summary_path
+        summary = json.loads(path.read_text()) if path.exists() else {}
+        return self.proc.returncode, out, summary
 
 
 def _service(status: dict[str, Any], name: str) -> dict[str, Any]:
@@ -102,50 +147,24 @@ def _service(status: dict[str, Any], name: str) -> dict[str, Any]:
     return row
 
 
-def _start(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[str], str]:
-    """``tianji train`` (PPO unless the first argument is another config) with a dashboard."""
-    config = args[0] if args and args[0].endswith(".toml") else str(PPO)
-    args = args[1:] if args and args[0] == config else args
-    cmd = [sys.executable, "-m", "tianji", "train", config, "--dashboard", "127.0.0.1:0"]
-    cmd += ["--run-dir", str(tmp_path), "--summary", str(tmp_path / "summary.json"), *args]
-    proc = subprocess.Popen(
-        cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    assert proc.stdout is not None
-    for _ in range(40):
-        line = proc.stdout.readline()
-        if line.startswith("dashboard: "):
-            return proc, line.split(" ", 1)[1].strip()
-    proc.kill()
-    raise AssertionError("no dashboard line")
+@contextlib.contextmanager
+def training(tmp_path: Path, *args: str, config: Path = PPO) -> Iterator[Run]:
+    run = Run(tmp_path, *args, config=config)
+    try:
+        yield run
+    finally:
+        if run.proc.poll() is None:
+            run.proc.kill()
+            run.proc.wait()
 
 
 @pytest.mark.slow
 def test_a_killed_actor_is_restarted_and_the_run_reaches_its_target(tmp_path: Path) -> None:
-    proc, url = _start(tmp_path, "--target-return", "300", "--max-seconds", "240")
-    try:
-        status = _wait_for(
-            url + "api/status",
-            lambda s: s["counters"]["episodes"] > 20 and _service(s, "actor-1")["pid"],
-            timeout=120,
-        )
-        pid = _service(status, "actor-1")["pid"]
-        os.kill(pid, signal.SIGKILL)
-        status = _wait_for(
-            url + "api/status",
-            lambda s: (
-                _service(s, "actor-1")["restarts"] == 1
-                and _service(s, "actor-1")["state"] == "running"
-                and _service(s, "actor-1")["pid"] not in (None, pid)
-            ),
-            timeout=30,
-        )
-        out, _ = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, out[-3000:]
-    summary = json.loads((tmp_path / "summary.json").read_text())
+    with training(tmp_path, "--target-return", "300", "--max-seconds", "240") as run:
+        status = run.wait_for(lambda s: s["counters"]["episodes"] > 20, timeout=120)
+        run.kill_and_await_restart(status, "actor-1")
+        code, out, summary = run.finish()
+    assert code == 0, out[-3000:]
     assert summary["stop_reason"] == "target_return reached"
     assert summary["restarts"] == {"actor-1": 1}
     assert summary["services"]["actor-1"]["restarts"] == 1
@@ -157,58 +176,31 @@ def test_a_killed_actor_is_restarted_and_the_run_reaches_its_target(tmp_path: Pa
 def test_a_killed_learner_without_resume_stops_the_run_with_a_clear_message(
     tmp_path: Path,
 ) -> None:
-    proc, url = _start(tmp_path, "--target-return", "1e9", "--max-seconds", "240")
-    try:
-        status = _wait_for(
-            url + "api/status", lambda s: s["counters"]["learner_updates"] >= 3, timeout=120
-        )
-        pid = _service(status, "learner-0")["pid"]
-        os.kill(pid, signal.SIGKILL)
+    with training(tmp_path, "--target-return", "1e9", "--max-seconds", "240") as run:
+        status = run.wait_for(lambda s: s["counters"]["learner_updates"] >= 3, timeout=120)
+        os.kill(_service(status, "learner-0")["pid"], signal.SIGKILL)
         killed = time.monotonic()
-        out, _ = proc.communicate(timeout=60)
+        code, out, _ = run.finish(timeout=60)
         took = time.monotonic() - killed
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode != 0
+    assert code != 0
     assert "learner-0" in out and "exited with code -9" in out, out[-3000:]
     assert took < 10, f"{took:.1f} s to stop after the learner died"
 
 
 @pytest.mark.slow
 def test_a_killed_learner_with_resume_continues_from_its_checkpoint(tmp_path: Path) -> None:
-    proc, url = _start(
-        tmp_path,
-        *("--target-return", "300", "--max-seconds", "240"),
-        *("--set", 'recovery.learner="resume"', "--set", "checkpoint.every_updates=5"),
-    )
-    try:
-        status = _wait_for(
-            url + "api/status",
-            lambda s: (s["checkpoint"] or {}).get("policy_version", 0) >= 10,
-            timeout=120,
+    resume = ("--set", 'recovery.learner="resume"', "--set", "checkpoint.every_updates=5")
+    with training(tmp_path, "--target-return", "300", "--max-seconds", "240", *resume) as run:
+        status = run.wait_for(
+            lambda s: (s["checkpoint"] or {}).get("policy_version", 0) >= 10, timeout=120
         )
-        pid = _service(status, "learner-0")["pid"]
-        os.kill(pid, signal.SIGKILL)
-        _wait_for(
-            url + "api/status",
-            lambda s: (
-                _service(s, "learner-0")["restarts"] == 1
-                and _service(s, "learner-0")["state"] == "running"
-            ),
-            timeout=30,
-        )
-        out, _ = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, out[-3000:]
+        run.kill_and_await_restart(status, "learner-0")
+        code, out, summary = run.finish()
+    assert code == 0, out[-3000:]
     assert "learner-0 died: resuming from ckpt-" in out
-    summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["stop_reason"] == "target_return reached"
     assert summary["restarts"] == {"learner-0": 1}
-    learner = summary["services"]["learner-0"]["counters"]
-    assert learner["restored_version"] >= 10
+    assert summary["services"]["learner-0"]["counters"]["restored_version"] >= 10
 
 
 @pytest.mark.slow
@@ -217,30 +209,13 @@ def test_a_killed_replay_buffer_is_restarted_and_what_it_held_is_counted_lost(
 ) -> None:
     """DQN: the replay buffer dies holding thousands of transitions; it restarts empty,
     refills, the learner goes on updating, and the lost transitions are in the accounting."""
-    proc, url = _start(
-        tmp_path, str(ROOT / "examples" / "cartpole_dqn.toml"), "--max-seconds", "45"
-    )
-    try:
-        status = _wait_for(
-            url + "api/status", lambda s: s["counters"]["learner_updates"] >= 50, timeout=120
-        )
-        pid = _service(status, "buffer-0")["pid"]
-        os.kill(pid, signal.SIGKILL)
-        updates_at_kill = _fetch(url + "api/status")["counters"]["learner_updates"]
-        _wait_for(
-            url + "api/status",
-            lambda s: (
-                _service(s, "buffer-0")["restarts"] == 1
-                and s["counters"]["learner_updates"] > updates_at_kill + 20
-            ),
-            timeout=90,
-        )
-        out, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, out[-3000:]
-    summary = json.loads((tmp_path / "summary.json").read_text())
+    with training(tmp_path, "--max-seconds", "45", config=DQN) as run:
+        status = run.wait_for(lambda s: s["counters"]["learner_updates"] >= 50, timeout=120)
+        run.kill_and_await_restart(status, "buffer-0")
+        updates = run.status()["counters"]["learner_updates"]
+        run.wait_for(lambda s: s["counters"]["learner_updates"] > updates + 20, timeout=90)
+        code, out, summary = run.finish(timeout=120)
+    assert code == 0, out[-3000:]
     assert summary["restarts"] == {"buffer-0": 1}
     lost = summary["accounting"]["dropped"].get("lost_in_restart", 0)
     assert lost >= 1000, summary["accounting"]  # learning_starts were stored at least
@@ -248,38 +223,39 @@ def test_a_killed_replay_buffer_is_restarted_and_what_it_held_is_counted_lost(
 
 
 @pytest.mark.slow
+def test_a_killed_replay_buffer_restarts_from_its_snapshot(tmp_path: Path) -> None:
+    """``recovery.buffer = "snapshot"``: the restarted buffer starts with the transitions of
+    its newest replay snapshot (``samples_restored``); the accounting counts them."""
+    snapshots = ("--set", "checkpoint.replay=true", "--set", "checkpoint.every_seconds=4")
+    from_snapshot = ("--set", 'recovery.buffer="snapshot"')
+    with training(tmp_path, "--max-seconds", "40", *snapshots, *from_snapshot, config=DQN) as run:
+        deadline = time.monotonic() + 120
+        while not list(tmp_path.glob("*/checkpoints/replay-buffer-0.tjc")):
+            assert time.monotonic() < deadline, "no replay snapshot in 120 s"
+            time.sleep(0.5)
+        run.kill_and_await_restart(run.status(), "buffer-0", timeout=60)
+        code, out, summary = run.finish(timeout=120)
+    assert code == 0, out[-3000:]
+    assert summary["restarts"] == {"buffer-0": 1}
+    restored = summary["services"]["buffer-0"]["counters"]["samples_restored"]
+    assert restored > 0 and summary["accounting"]["restored"] == restored
+    assert summary["accounting"]["balanced"], summary["accounting"]
+
+
+@pytest.mark.slow
 def test_a_silent_actor_is_declared_dead_killed_and_restarted(tmp_path: Path) -> None:
     """SIGSTOP: the process lives but sends nothing; after ``missed_heartbeats`` heartbeat
     intervals the launcher kills it and starts a new one."""
-    proc, url = _start(
-        tmp_path,
-        *("--target-return", "1e9", "--max-seconds", "60"),
-        *("--set", "recovery.missed_heartbeats=3"),
-    )
-    try:
-        status = _wait_for(
-            url + "api/status", lambda s: s["counters"]["episodes"] > 10, timeout=120
-        )
-        pid = _service(status, "actor-0")["pid"]
-        os.kill(pid, signal.SIGSTOP)
-        stopped = time.monotonic()
-        _wait_for(
-            url + "api/status",
-            lambda s: (
-                _service(s, "actor-0")["restarts"] == 1
-                and _service(s, "actor-0")["pid"] not in (None, pid)
-            ),
-            timeout=30,
-        )
-        took = time.monotonic() - stopped
-        os.kill(proc.pid, signal.SIGTERM)  # a clean stop
-        out, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    silent = ("--set", "recovery.missed_heartbeats=3")
+    with training(tmp_path, "--target-return", "1e9", "--max-seconds", "60", *silent) as run:
+        status = run.wait_for(lambda s: s["counters"]["episodes"] > 10, timeout=120)
+        try:
+            _, took = run.kill_and_await_restart(status, "actor-0", signal.SIGSTOP)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(_service(status, "actor-0")["pid"], signal.SIGKILL)
+        run.proc.send_signal(signal.SIGTERM)  # a clean stop
+        code, out, summary = run.finish(timeout=60)
     assert 3 <= took < 15, f"restarted {took:.1f} s after it went silent"
     assert "actor-0 declared dead: no heartbeat for" in out, out[-3000:]
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["restarts"] == {"actor-0": 1}
+    assert code == 0 and summary["restarts"] == {"actor-0": 1}
