@@ -112,13 +112,14 @@ def _role(controller: Controller, role: str) -> list[Heartbeat]:
 def learner_totals(controller: Controller) -> dict[str, Any]:
     """Updates (data-parallel learners step together: the most any learner made), samples
     consumed (the sum), mean policy lag of the last batches and the first learner's gauges."""
-    beats = _role(controller, "learner")
-    lags = [hb.gauges.get("policy_lag_mean", 0.0) for hb in beats]
+    beats = _role(controller, "learner")  # with earlier incarnations (name#k): totals
+    live = [hb for hb in beats if "#" not in hb.name] or beats
+    lags = [hb.gauges.get("policy_lag_mean", 0.0) for hb in live]
     return {
         "updates": max((hb.counters.get("learner_updates", 0) for hb in beats), default=0),
         "consumed": sum(hb.counters.get("samples_consumed", 0) for hb in beats),
         "lag": sum(lags) / len(lags) if lags else 0.0,
-        "gauges": dict(beats[0].gauges) if beats else {},
+        "gauges": dict(live[0].gauges) if live else {},
     }
 
 
