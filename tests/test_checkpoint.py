@@ -304,7 +304,9 @@ def test_a_run_stopped_with_ctrl_c_resumes_from_its_checkpoint_and_reaches_its_t
     checkpoints: the run stops with a last checkpoint; the resumed run continues its policy
     version, env steps and episodes and reaches the target; tianji eval plays the final one."""
     train = [sys.executable, "-m", "tianji", "train"]
-    common = ["--no-dashboard", "--target-return", "200", "--max-seconds", "240"]
+    common = ["--no-dashboard", "--max-seconds", "240"]
+    unreachable = ["--target-return", "1e9"]  # Ctrl-C must come before any clean stop
+    target_200, summary_path = ["--target-return", "200"], tmp_path / "s.json"
     no_periodic = [
         "--set",
         "checkpoint.every_updates=100000",
@@ -312,7 +314,7 @@ def test_a_run_stopped_with_ctrl_c_resumes_from_its_checkpoint_and_reaches_its_t
         "checkpoint.every_seconds=0",
     ]
     first = subprocess.Popen(
-        [*train, str(PPO), "--run-dir", str(tmp_path), *common, *no_periodic],
+        [*train, str(PPO), "--run-dir", str(tmp_path), *common, *unreachable, *no_periodic],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -337,7 +339,7 @@ def test_a_run_stopped_with_ctrl_c_resumes_from_its_checkpoint_and_reaches_its_t
     rows_before = len((run / "metrics.jsonl").read_text().splitlines())
 
     second = subprocess.run(
-        [*train, "--resume", str(run), *common, "--summary", str(tmp_path / "s.json")],
+        [*train, "--resume", str(run), *common, *target_200, "--summary", str(summary_path)],
         capture_output=True,
         text=True,
         timeout=300,
