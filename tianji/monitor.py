@@ -85,6 +85,7 @@ class TrainMonitor(Service):
         self.target_unix: float | None = None  # wall clock when the target was reached
         self.stopped: tuple[float, int] | None = None  # (seconds, env steps) at the stop
         self.steps_to_target: int | None = None
+        self.return_at_stop: float | None = None  # the moving mean when the stop was decided
         self.resume = resume
         self.restore = resume  # what a (re)starting learner continues from ...
         self.restore_version = resume.policy_version if resume is not None else 0  # ... as
@@ -133,6 +134,10 @@ class TrainMonitor(Service):
         self.restore_version = version
 
     def mean_return(self) -> float | None:
+        """The moving mean of the last ``window`` returns; once the stop is decided, the
+        mean it was decided on (episodes that end while the services stop do not move it)."""
+        if self.stopped is not None:
+            return self.return_at_stop
         return float(np.mean(self.returns)) if self.returns else None
 
     async def on_episodes(self, ev: EpisodesFinished) -> None:
@@ -254,6 +259,7 @@ class TrainMonitor(Service):
         length and env steps are recorded (:attr:`stopped`), before shutdown."""
         reason = self._why_done()
         if reason is not None and self.stopped is None:
+            self.return_at_stop = self.mean_return()
             self.stopped = (time.monotonic() - self.started, self.env_steps_here)
         return reason
 

@@ -478,7 +478,7 @@ def summarize(
         "samples_produced": _sum(controller, "actor-", "samples_produced"),
         "samples_consumed": totals["consumed"],
         "samples_dropped": dropped_by_reason(controller.heartbeats),
-        "final_return": monitor.mean_return(),
+        "final_return": monitor.mean_return(),  # the mean the stop was decided on
         "target_return": config.stop.target_return,
         "time_to_target_s": (
             round(monitor.time_to_target, 3) if monitor.time_to_target is not None else None
