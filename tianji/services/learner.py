@@ -235,10 +235,13 @@ class LearnerService(Service):
         if not self.subscriber_count(CHECKPOINTS):
             self.counters["checkpoints_unsent"] += 1  # no monitor writing them (no run dir)
             return
-        state = pack_state(algorithm_state(self.algo))
-        ev = CheckpointTaken(policy_version=self.version, state=np.frombuffer(state, np.uint8))
-        if await self.publish(ev, CHECKPOINTS):
+        if await self.publish(self._checkpoint_event(), CHECKPOINTS):
             self.counters["checkpoints_taken"] += 1
+
+    def _checkpoint_event(self) -> CheckpointTaken:
+        """The algorithm's whole state, packed, at the current policy version."""
+        state = np.frombuffer(pack_state(algorithm_state(self.algo)), np.uint8)
+        return CheckpointTaken(policy_version=self.version, state=state)
 
     def _checkpoint_at_stop(self) -> None:
         """Stopped by a signal of its own (SIGTERM / SIGINT to this process) with updates
@@ -254,11 +257,8 @@ class LearnerService(Service):
         if self.version == self._checkpointed[0] or not self.subscriber_count(CHECKPOINTS):
             return
         self._checkpointed = (self.version, 0.0)
-        state = np.frombuffer(pack_state(algorithm_state(self.algo)), np.uint8)
         try:
-            self.publish_nowait(
-                CheckpointTaken(policy_version=self.version, state=state), CHECKPOINTS
-            )
+            self.publish_nowait(self._checkpoint_event(), CHECKPOINTS)
             self.counters["checkpoints_taken"] += 1
         except TianjiError as exc:  # the monitor's link is full or gone
             self.counters["checkpoints_unsent"] += 1
