@@ -23,7 +23,9 @@ __all__ = ["get", "names", "register"]
 ENTRY_POINT_GROUP = "tianji.algorithms"
 _BUILTIN: dict[str, str] = {
     "dqn": "tianji.algorithms.dqn:DQN",
+    "mappo": "tianji.algorithms.mappo:MAPPO",
     "ppo": "tianji.algorithms.ppo:PPO",
+    "qmix": "tianji.algorithms.qmix:QMIX",
 }
 _registered: dict[str, Any] = {}
 

@@ -56,12 +56,25 @@ class EnvConfig:
     """Which environment the actors step."""
 
     id: str = "CartPole-v1"
-    """A gymnasium id, or ``package.module:Class`` / ``path/file.py:Class`` of an env class."""
+    """A gymnasium id, or ``package.module:Class`` / ``path/file.py:Class`` of an env class;
+    with ``api = "pettingzoo"`` a PettingZoo env module (``"mpe2.simple_spread_v3"``, its
+    ``parallel_env`` is called) or ``module:callable`` returning a parallel env."""
+    api: str = "gymnasium"
+    """"gymnasium" (one agent) or "pettingzoo" (a cooperative multi-agent parallel env, seen
+    as one env with stacked agents: see ``tianji.multiagent``)."""
+    team_reward: str = "sum"
+    """Multi-agent envs: the team reward is the "sum" or "mean" of the agents' rewards."""
     kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Keyword arguments for the env constructor."""
     wrappers: list[str] = dataclasses.field(default_factory=list)
     """Wrappers applied in order, each ``module:Class`` (e.g.
     ``"gymnasium.wrappers:TimeAwareObservation"``), called as ``Class(env)``."""
+
+    def __post_init__(self) -> None:
+        if self.api not in ("gymnasium", "pettingzoo"):
+            raise ConfigError("env.api", self.api, '"gymnasium" or "pettingzoo"')
+        if self.team_reward not in ("sum", "mean"):
+            raise ConfigError("env.team_reward", self.team_reward, '"sum" or "mean"')
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

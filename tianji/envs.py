@@ -12,7 +12,7 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from tianji.config import EnvConfig
 from tianji.errors import ConfigError
 
-__all__ = ["env_factory", "env_spaces", "make_vector_env"]
+__all__ = ["env_factory", "env_spaces", "env_spaces_and_state", "make_vector_env"]
 
 
 def env_factory(config: EnvConfig) -> Callable[[], gym.Env[Any, Any]]:
@@ -42,6 +42,10 @@ def env_factory(config: EnvConfig) -> Callable[[], gym.Env[Any, Any]]:
 
 def _base_factory(config: EnvConfig) -> Callable[[], gym.Env[Any, Any]]:
     env_id, kwargs = config.id, dict(config.kwargs)
+    if config.api == "pettingzoo":
+        from tianji.multiagent import pettingzoo_factory
+
+        return pettingzoo_factory(env_id, kwargs, config.team_reward)
     if ":" in env_id and env_id not in gym.registry:
         from tianji.launch.spec import load_factory
 
@@ -56,9 +60,22 @@ def _base_factory(config: EnvConfig) -> Callable[[], gym.Env[Any, Any]]:
 
 def env_spaces(config: EnvConfig) -> tuple[gym.Space[Any], gym.Space[Any]]:
     """Make the env once and return its (observation, action) spaces."""
+    observation, action, _ = env_spaces_and_state(config)
+    return observation, action
+
+
+def env_spaces_and_state(
+    config: EnvConfig,
+) -> tuple[gym.Space[Any], gym.Space[Any], gym.Space[Any] | None]:
+    """Make the env once: its (observation, action, state) spaces; the state space is
+    ``None`` unless the env is multi-agent (``api = "pettingzoo"``)."""
+    from tianji.multiagent import ParallelEnvAdapter
+
     env = env_factory(config)()
     try:
-        return env.observation_space, env.action_space
+        inner = env.unwrapped
+        state = inner.state_space if isinstance(inner, ParallelEnvAdapter) else None
+        return env.observation_space, env.action_space, state
     finally:
         env.close()
 

@@ -21,6 +21,7 @@ from tianji.events import (
     ResumeProduction,
     TrajectoryCollected,
 )
+from tianji.multiagent import is_multi_agent
 from tianji.service import Service
 from tianji.services import (
     EPISODES,
@@ -45,13 +46,17 @@ class FragmentCollector:
     """Steps ``envs`` for ``length`` steps with ``policy`` and returns a ``[T, N]`` fragment.
 
     Pure logic (no asyncio): it keeps the current observations and per-env episode
-    returns between fragments, and reports the episodes that finished.
+    returns between fragments, and reports the episodes that finished. With multi-agent
+    envs (``tianji.multiagent``) every step also records ``state``, ``next_state`` (the
+    true one at episode ends) and ``agent_reward`` from the env's info.
     """
 
-    def __init__(self, envs: gym.vector.VectorEnv[Any, Any, Any], length: int, seed: int):
+    def __init__(self, envs: gym.vector.SyncVectorEnv, length: int, seed: int):
         self.envs = envs
         self.length = length
-        self.obs, _ = envs.reset(seed=seed)
+        self.obs, info = envs.reset(seed=seed)
+        self.multi_agent = is_multi_agent(envs.envs[0])
+        self.state: np.ndarray | None = info["state"] if self.multi_agent else None
         self.episode_return = np.zeros(envs.num_envs, np.float64)
         self.episode_length = np.zeros(envs.num_envs, np.int64)
         space = envs.single_action_space
@@ -81,6 +86,8 @@ class FragmentCollector:
                 "next_obs": true_next,
                 **out,
             }
+            if self.multi_agent:
+                step.update(self._agent_columns(info, done))
             for key, value in step.items():
                 columns.setdefault(key, []).append(np.asarray(value))
             self.episode_return += reward
@@ -92,6 +99,22 @@ class FragmentCollector:
                 self.episode_length[i] = 0
             self.obs = next_obs
         return {k: np.stack(v) for k, v in columns.items()}, returns, lengths
+
+    def _agent_columns(self, info: dict[str, Any], done: np.ndarray) -> dict[str, np.ndarray]:
+        """``state``, ``next_state`` and ``agent_reward`` of one multi-agent step. For an
+        env that reset in this step the top-level info is the new episode's; its last
+        step's info is in ``final_info``."""
+        next_state = np.asarray(info["state"], np.float32)
+        agent_reward = np.asarray(info["agent_reward"], np.float32)
+        true_next = next_state
+        if done.any():
+            final = info["final_info"]
+            true_next, agent_reward = next_state.copy(), agent_reward.copy()
+            for i in np.flatnonzero(done):
+                true_next[i] = final["state"][i]
+                agent_reward[i] = final["agent_reward"][i]
+        state, self.state = self.state, next_state
+        return {"state": state, "next_state": true_next, "agent_reward": agent_reward}
 
 
 class ActorService(Service):

@@ -9,7 +9,7 @@ import numpy as np
 
 from tianji import algorithms
 from tianji.config import RunConfig, build_dataclass
-from tianji.envs import env_spaces
+from tianji.envs import env_spaces_and_state
 from tianji.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -32,11 +32,19 @@ def make_algorithm(config: RunConfig, *, seed: int, device: str) -> Any:
     """
     cls = algorithms.get(config.algorithm)
     algo_config = build_dataclass(cls.Config, config.algo, "algo.")
-    obs_space, action_space = env_spaces(config.env)
+    obs_space, action_space, state_space = env_spaces_and_state(config.env)
+    multi_agent = bool(getattr(cls, "multi_agent", False))
+    if multi_agent and state_space is None:
+        why = 'a multi-agent env: [env] api = "pettingzoo" (e.g. id = "mpe2.simple_spread_v3")'
+        raise ConfigError("algorithm", config.algorithm, why)
+    if state_space is not None and not multi_agent:
+        why = f'a single-agent env; {config.env.id} is multi-agent: use "mappo" or "qmix"'
+        raise ConfigError("algorithm", config.algorithm, why)
     problem = cls.check_spaces(obs_space, action_space)
     if problem:
         raise ConfigError("algorithm", config.algorithm, f"spaces it supports: {problem}")
-    return cls(algo_config, obs_space, action_space, seed=seed, device=device)
+    extra = {"state_space": state_space} if multi_agent else {}
+    return cls(algo_config, obs_space, action_space, seed=seed, device=device, **extra)
 
 
 def run_config_data(config: RunConfig) -> dict[str, Any]:
