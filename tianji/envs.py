@@ -7,12 +7,19 @@ from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from tianji.config import EnvConfig
 from tianji.errors import ConfigError
 
-__all__ = ["env_factory", "env_spaces", "env_spaces_and_state", "make_vector_env"]
+__all__ = [
+    "env_factory",
+    "env_spaces",
+    "env_spaces_and_state",
+    "make_vector_env",
+    "random_policy_returns",
+]
 
 
 def env_factory(config: EnvConfig) -> Callable[[], gym.Env[Any, Any]]:
@@ -85,3 +92,28 @@ def make_vector_env(config: EnvConfig, num_envs: int) -> SyncVectorEnv:
     true final observation is in ``info["final_obs"]``."""
     factory = env_factory(config)
     return SyncVectorEnv([factory] * num_envs, autoreset_mode=AutoresetMode.SAME_STEP)
+
+
+def random_policy_returns(config: EnvConfig, episodes: int, *, seed: int = 0) -> np.ndarray:
+    """Returns of ``episodes`` episodes of uniformly random actions: the baseline a trained
+    policy is compared with (the team return for multi-agent envs).
+
+    Raises:
+        ConfigError: if ``episodes`` < 1, or from building the env.
+    """
+    if episodes < 1:
+        raise ConfigError("episodes", episodes, "a positive integer")
+    env = env_factory(config)()
+    env.action_space.seed(seed)
+    returns = np.zeros(episodes, np.float64)
+    try:
+        for k in range(episodes):
+            env.reset(seed=seed + k)
+            done = False
+            while not done:
+                _, reward, terminated, truncated, _ = env.step(env.action_space.sample())
+                returns[k] += float(reward)
+                done = bool(terminated or truncated)
+    finally:
+        env.close()
+    return returns

@@ -136,16 +136,14 @@ class ParallelEnvAdapter(gym.Env[np.ndarray, np.ndarray]):
         info = {"state": self._state(obs), "agent_reward": np.zeros(self.n_agents, np.float32)}
         return obs, info
 
-    def step(
-        self, action: np.ndarray
-    ) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         """Step every live agent with its row of ``action [A]``; the team reward out."""
         action = np.asarray(action).reshape(-1)
         if action.shape != (self.n_agents,):
             raise ValueError(f"{self.name}: expected {self.n_agents} actions, got {action.shape}")
         live = list(self.env.agents)
         index = {agent: i for i, agent in enumerate(self.agents)}
-        obs_dict, rewards, terms, truncs, _ = self.env.step(
+        obs_dict, rewards, terms, _, _ = self.env.step(
             {agent: int(action[index[agent]]) for agent in live}
         )
         obs = self._stack(obs_dict)

@@ -114,6 +114,7 @@ class FragmentCollector:
                 true_next[i] = final["state"][i]
                 agent_reward[i] = final["agent_reward"][i]
         state, self.state = self.state, next_state
+        assert state is not None  # set at reset for multi-agent envs
         return {"state": state, "next_state": true_next, "agent_reward": agent_reward}
 
 
