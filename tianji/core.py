@@ -298,6 +298,11 @@ class Algorithm(Protocol):
     ``[T, N, ...]`` named ``obs``, ``action``, ``reward``, ``terminated``, ``truncated``,
     ``next_obs`` (the true next observation, also at episode ends) plus every extra key
     ``act`` returned (e.g. ``logp``, ``value``).
+
+    A multi-agent algorithm sets ``multi_agent = True`` and takes ``state_space=`` in its
+    constructor; its envs stack A agents (``obs [N, A, D]``, ``action [N, A]``) and its
+    fragments also carry ``agent_reward``, ``state`` and ``next_state``
+    (``tianji/multiagent.py``).
     """
 
     name: str

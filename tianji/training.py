@@ -607,7 +607,7 @@ def add_run_options(p: Any, *, run: bool = True, resume: bool = False) -> None:
     p.add_argument(
         "--target-return",
         type=float,
-        help="stop when the mean return of the last 20 episodes reaches this",
+        help="stop when the mean return of the last [stop] window episodes (20) reaches this",
     )
     _add_record_options(p)
 
