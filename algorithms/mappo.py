@@ -6,8 +6,8 @@ the *same* policy network; the critic sees the global state and values the team'
 The advantage of an env step is the team's, given to every agent's action in that step
 (Yu et al., "The Surprising Effectiveness of PPO in Cooperative Multi-Agent Games", 2022).
 
-Read top to bottom: the config, the pure math (agent inputs, the per-agent policy loss),
-the network, then the :class:`MAPPO` object the actor and learner services drive.
+Read top to bottom: the config, the network, then the :class:`MAPPO` object the actor
+and learner services drive.
 
 * Actors call ``act(obs [N, A, D])``: actions ``[N, A]`` and their ``logp [N, A]``.
 * The learner calls ``update`` on ``[T, N*K]`` batches: ``V(state)`` and ``V(next_state)``
@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from tianji.algorithms._multiagent import agent_inputs, multi_agent_problem
 from tianji.algorithms._nets import (
     as_hidden,
     flat_dim,
@@ -41,7 +42,7 @@ from torch import nn
 from tianji.core import BufferSpec, GradientSync, UpdateResult
 from tianji.errors import ConfigError
 
-__all__ = ["MAPPO", "MAPPOConfig", "agent_inputs", "multi_agent_problem"]
+__all__ = ["MAPPO", "MAPPOConfig", "SharedActorCentralCritic"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -100,41 +101,6 @@ class MAPPOConfig:
                 raise ConfigError(f"algorithm.{key}", getattr(self, key), "a number in [0, 1]")
 
 
-# --------------------------------------------------------------------------- pure math
-
-
-def multi_agent_problem(observation_space: Any, action_space: Any) -> str | None:
-    """``None`` for stacked agents (Box ``[A, D]`` observations, ``MultiDiscrete`` actions
-    with one action count for all ``A`` agents), else what is wrong."""
-    from gymnasium import spaces
-
-    if not isinstance(action_space, spaces.MultiDiscrete) or action_space.nvec.ndim != 1:
-        return (
-            f"a MultiDiscrete action space with one entry per agent, got {action_space!r}; "
-            'multi-agent algorithms need [env] api = "pettingzoo"'
-        )
-    if len(set(action_space.nvec.tolist())) != 1 or len(set(action_space.start.tolist())) != 1:
-        return f"every agent must have the same action count, got {action_space!r}"
-    shape = getattr(observation_space, "shape", None)
-    if not isinstance(observation_space, spaces.Box) or shape is None or len(shape) < 2:
-        return f"a Box observation space [agents, ...], got {observation_space!r}"
-    if shape[0] != len(action_space.nvec):
-        return f"{shape[0]} agents observe but {len(action_space.nvec)} act"
-    return None
-
-
-def agent_inputs(obs: np.ndarray | torch.Tensor, with_id: bool) -> torch.Tensor:
-    """``obs [B, A, ...]`` as per-agent policy inputs ``[B, A, D (+ A)]`` (float32): each
-    agent's flattened observation, with ``with_id`` followed by the one-hot of its index."""
-    x = torch.as_tensor(obs, dtype=torch.float32)
-    batch, n_agents = x.shape[0], x.shape[1]
-    x = x.reshape(batch, n_agents, -1)
-    if not with_id:
-        return x
-    ids = torch.eye(n_agents, dtype=x.dtype, device=x.device).expand(batch, -1, -1)
-    return torch.cat([x, ids], dim=-1)
-
-
 # --------------------------------------------------------------------------- network
 
 
@@ -178,7 +144,7 @@ class MAPPO:
     def check_spaces(observation_space: Any, action_space: Any) -> str | None:
         """``None`` if MAPPO supports the spaces, else a message naming the unsupported one."""
         problem = multi_agent_problem(observation_space, action_space)
-        return f"MAPPO needs {problem}" if problem else None
+        return f"MAPPO: {problem}" if problem else None
 
     def __init__(
         self,
@@ -221,7 +187,7 @@ class MAPPO:
     def act(self, obs: np.ndarray, *, explore: bool) -> dict[str, np.ndarray]:
         """Sample (``explore``) or take the most likely action of every agent in ``obs``."""
         with torch.no_grad():
-            inputs = agent_inputs(obs, self.config.agent_id).to(self.device)
+            inputs = agent_inputs(obs, with_id=self.config.agent_id).to(self.device)
             log_probs = torch.log_softmax(self.net.logits(inputs), dim=-1)
             if explore:
                 flat = log_probs.reshape(-1, self.n_actions).exp()
@@ -337,7 +303,7 @@ class MAPPO:
             c.gae_lambda,
         )
         return {
-            "inputs": agent_inputs(flat("obs"), c.agent_id).to(dev),
+            "inputs": agent_inputs(flat("obs"), with_id=c.agent_id).to(dev),
             "action": flat("action").long() - self.action_start,
             "old_logp": flat("logp").float(),
             "state": state,

@@ -228,7 +228,7 @@ def _mappo(**algo: Any) -> Any:
 
 
 def test_mappo_acts_for_every_agent_with_one_shared_policy() -> None:
-    from tianji.algorithms.mappo import agent_inputs
+    from tianji.algorithms._multiagent import agent_inputs
 
     algo = _mappo()
     obs = np.random.default_rng(0).normal(size=(4, 3, 18)).astype(np.float32)

@@ -1,0 +1,389 @@
+"""QMIX: per-agent Q-networks mixed monotonically into a team Q by a state-conditioned net.
+
+Cooperative multi-agent envs (``tianji.multiagent``): every agent picks the argmax of its
+own utility ``Q_a(o_a, u_a)`` (one network shared by all agents, fed the agent's observation
+and a one-hot of its index), and the learner trains ``Q_tot = mixer(Q_1..Q_A, state)`` on
+the team reward. The mixer's weights come from hypernetworks of the global state and are
+made non-negative, so ``dQ_tot/dQ_a >= 0``: each agent's greedy action is also the team's
+(Rashid et al., "QMIX: Monotonic Value Function Factorisation", 2018). The agent network
+is an MLP over the current observation (no recurrent state).
+
+Read top to bottom: the config, the pure math (n-step transitions of multi-agent
+fragments, agent inputs), the :class:`QMixer`, then the :class:`QMIX` object.
+
+* Actors call ``act(obs [N, A, D])`` (per-agent epsilon-greedy; epsilon follows the
+  learner's update count, the ``version`` of ``set_weights``) and ``postprocess`` (flat
+  n-step transitions with ``state`` and ``next_state``). Only the agent network is
+  published to actors; the mixer lives on the learner.
+* The learner calls ``update`` on replay batches of those transitions (double-Q target).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tianji.algorithms._multiagent import agent_inputs, multi_agent_problem
+from tianji.algorithms._nets import (
+    as_hidden,
+    flat_dim,
+    load_numpy_weights,
+    mlp,
+    numpy_weights,
+    pick_device,
+    require_spaces,
+    seeded_init,
+    sync_gradients,
+)
+from tianji.algorithms.dqn import epsilon_at, n_step_transitions
+from torch import nn
+
+from tianji.core import BufferSpec, GradientSync, UpdateResult
+from tianji.errors import ConfigError
+
+__all__ = ["QMIX", "QMIXConfig", "QMixer", "n_step_transitions_ma"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class QMIXConfig:
+    """Hyperparameters of :class:`QMIX` (defaults tuned for mpe2 ``simple_spread_v3``)."""
+
+    gamma: float = 0.9
+    """Discount factor per environment step."""
+    n_step: int = 3
+    """Team rewards summed into one transition (cut at episode and fragment ends)."""
+    reward_scale: float = 0.1
+    """Team rewards are multiplied by this in the target (keeps Q near unit scale)."""
+    lr: float = 5e-4
+    """Adam learning rate (agent network and mixer)."""
+    hidden: Sequence[int] = (64, 64)
+    """Hidden layer sizes of the shared agent network."""
+    mixing_embed: int = 32
+    """Width of the mixer's hidden layer (the ELU layer between Q_agents and Q_tot)."""
+    hypernet_hidden: int = 64
+    """Hidden width of the hypernetworks that produce the mixing weights."""
+    batch_size: int = 128
+    """Transitions (each with every agent) per learner update."""
+    buffer_capacity: int = 100_000
+    """Transitions the replay buffer keeps at most."""
+    learning_starts: int = 1_000
+    """Transitions stored before the first batch is handed out."""
+    target_update_interval: int = 200
+    """Learner updates between target-network updates (agent network and mixer)."""
+    tau: float = 1.0
+    """Target update rate: 1 copies the online nets (hard update), < 1 is Polyak averaging."""
+    epsilon_start: float = 1.0
+    """Exploration rate before the first learner update."""
+    epsilon_end: float = 0.02
+    """Exploration rate after ``epsilon_decay_updates`` learner updates."""
+    epsilon_decay_updates: int = 2_000
+    """Learner updates over which epsilon decays linearly."""
+    max_grad_norm: float = 10.0
+    """Gradient-norm clip per update (agent network and mixer together)."""
+    huber_delta: float = 1.0
+    """Where the Huber loss turns from quadratic to linear (0: mean squared error)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "hidden", as_hidden("algorithm.hidden", self.hidden))
+        for key in (
+            "n_step",
+            "batch_size",
+            "buffer_capacity",
+            "target_update_interval",
+            "mixing_embed",
+            "hypernet_hidden",
+        ):
+            if type(getattr(self, key)) is not int or getattr(self, key) <= 0:
+                raise ConfigError(f"algorithm.{key}", getattr(self, key), "a positive integer")
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ConfigError("algorithm.gamma", self.gamma, "a number in [0, 1]")
+        if not 0.0 < self.tau <= 1.0:
+            raise ConfigError("algorithm.tau", self.tau, "a number in (0, 1]")
+        if self.huber_delta < 0.0:
+            raise ConfigError("algorithm.huber_delta", self.huber_delta, "a number >= 0")
+        if self.learning_starts > self.buffer_capacity:
+            raise ConfigError(
+                "algorithm.learning_starts", self.learning_starts, "at most buffer_capacity"
+            )
+
+
+# --------------------------------------------------------------------------- pure math
+
+
+def n_step_transitions_ma(
+    fragment: Mapping[str, np.ndarray], n: int, gamma: float
+) -> dict[str, np.ndarray]:
+    """Flatten a multi-agent ``[T, N]`` fragment into ``T*N`` n-step transitions.
+
+    Row ``t*N + i`` holds the env step ``(t, i)`` with every agent: ``obs [A, D]``,
+    ``action [A]``, ``state [S]``, the n-step *team* ``reward`` and ``discount``, and
+    ``next_obs``/``next_state`` from ``k`` steps later, exactly as
+    :func:`tianji.algorithms.dqn.n_step_transitions` cuts windows (at episode ends, the
+    true final observation; discount 0 only after a termination).
+    """
+    horizon, n_env = np.shape(fragment["reward"])
+    time = np.broadcast_to(np.arange(horizon)[:, None], (horizon, n_env))
+    # DQN's n-step math with the time index as the "observation": its next_obs is then the
+    # index of the step each window ends at, which picks next_obs and next_state below.
+    window = n_step_transitions(
+        {
+            "obs": time,
+            "action": time,
+            "reward": fragment["reward"],
+            "terminated": fragment["terminated"],
+            "truncated": fragment["truncated"],
+            "next_obs": time,
+        },
+        n,
+        gamma,
+    )
+    last = np.asarray(window["next_obs"], np.int64).reshape(horizon, n_env)
+    cols = np.arange(n_env)[None, :]
+    flat = horizon * n_env
+
+    def rows(key: str, at: np.ndarray | None = None) -> np.ndarray:
+        value = np.asarray(fragment[key])
+        value = value if at is None else value[at, cols]
+        return value.reshape(flat, *value.shape[2:])
+
+    return {
+        "obs": rows("obs").astype(np.float32),
+        "action": rows("action").astype(np.int64),
+        "reward": window["reward"],
+        "discount": window["discount"],
+        "next_obs": rows("next_obs", last).astype(np.float32),
+        "state": rows("state").astype(np.float32),
+        "next_state": rows("next_state", last).astype(np.float32),
+    }
+
+
+# --------------------------------------------------------------------------- mixer
+
+
+class QMixer(nn.Module):
+    """``Q_tot = w2 . elu(Q_agents @ W1 + b1) + V(state)`` with ``W1, w2 >= 0``.
+
+    ``W1 [A, E]``, ``b1 [E]``, ``w2 [E]`` and ``V`` are produced from the state by
+    hypernetworks; ``abs()`` on the weights makes ``Q_tot`` monotonic (non-decreasing) in
+    every agent's Q, whatever the hypernetworks' own parameters. Usage::
+
+        mixer = QMixer(n_agents=3, state_dim=54)
+        q_tot = mixer(q_agents, state)          # [B, A], [B, S] -> [B]
+        w1, w2 = mixer.mixing_weights(state)    # [B, A, E], [B, E, 1], all >= 0
+    """
+
+    def __init__(self, n_agents: int, state_dim: int, *, embed: int = 32, hidden: int = 64) -> None:
+        super().__init__()
+        self.n_agents, self.embed = n_agents, embed
+        self.hyper_w1 = mlp(state_dim, (hidden,), n_agents * embed)
+        self.hyper_w2 = mlp(state_dim, (hidden,), embed)
+        self.hyper_b1 = nn.Linear(state_dim, embed)
+        self.hyper_v = mlp(state_dim, (embed,), 1)
+
+    def mixing_weights(self, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The non-negative mixing weights ``W1 [B, A, E]`` and ``w2 [B, E, 1]`` for a state."""
+        w1 = self.hyper_w1(state).abs().view(-1, self.n_agents, self.embed)
+        w2 = self.hyper_w2(state).abs().view(-1, self.embed, 1)
+        return w1, w2
+
+    def forward(self, q_agents: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        """``Q_tot [B]`` from the agents' chosen-action values ``[B, A]`` and ``state [B, S]``."""
+        w1, w2 = self.mixing_weights(state)
+        b1 = self.hyper_b1(state).unsqueeze(1)
+        hidden = F.elu(torch.bmm(q_agents.unsqueeze(1), w1) + b1)
+        value: torch.Tensor = self.hyper_v(state)
+        return (torch.bmm(hidden, w2).squeeze(2) + value).squeeze(1)
+
+
+# --------------------------------------------------------------------------- algorithm
+
+
+class QMIX:
+    """QMIX with a shared MLP agent network, n-step returns and double-Q targets.
+
+    Usage::
+
+        algo = QMIX(QMIX.Config(), env.observation_space, env.action_space,
+                    state_space=env.state_space)
+        out = algo.act(obs, explore=True)         # obs [N, A, D] -> {"action": int64 [N, A]}
+        transitions = algo.postprocess(fragment)  # flat n-step transitions with state
+        result = algo.update(replay_batch)        # -> UpdateResult(metrics, None)
+    """
+
+    name = "qmix"
+    Config = QMIXConfig
+    multi_agent = True
+
+    @staticmethod
+    def check_spaces(observation_space: Any, action_space: Any) -> str | None:
+        """``None`` if QMIX supports the spaces, else a message naming the unsupported one."""
+        problem = multi_agent_problem(observation_space, action_space)
+        return f"QMIX: {problem}" if problem else None
+
+    def __init__(
+        self,
+        config: QMIXConfig,
+        observation_space: Any,
+        action_space: Any,
+        *,
+        seed: int = 0,
+        device: str = "auto",
+        state_space: Any,
+    ) -> None:
+        require_spaces(
+            self.check_spaces(observation_space, action_space), observation_space, action_space
+        )
+        self.config = config
+        self.device = pick_device(device)
+        self.n_agents, obs_dim = observation_space.shape
+        self.n_actions = int(action_space.nvec[0])
+        self.action_start = int(action_space.start[0])
+        self.version = 0
+        self.rng = np.random.default_rng(seed)
+        in_dim, state_dim = obs_dim + self.n_agents, flat_dim(state_space.shape)
+        mixer_size = {"embed": config.mixing_embed, "hidden": config.hypernet_hidden}
+        with seeded_init(seed):
+            self.agent = mlp(in_dim, config.hidden, self.n_actions).to(self.device)
+            self.agent_target = mlp(in_dim, config.hidden, self.n_actions).to(self.device)
+            self.mixer = QMixer(self.n_agents, state_dim, **mixer_size).to(self.device)
+            self.mixer_target = QMixer(self.n_agents, state_dim, **mixer_size).to(self.device)
+        for online, target in ((self.agent, self.agent_target), (self.mixer, self.mixer_target)):
+            target.load_state_dict(online.state_dict())
+            target.requires_grad_(False)
+        self._optimizer: torch.optim.Optimizer | None = None  # built on first update
+        self.gradient_sync: GradientSync | None = None  # set by the learner when K > 1
+
+    @property
+    def params(self) -> list[nn.Parameter]:
+        """The trained parameters: agent network, then mixer (the order gradients sync in)."""
+        return [*self.agent.parameters(), *self.mixer.parameters()]
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """Adam over agent network and mixer, built on first use (actors never update)."""
+        if self._optimizer is None:
+            self._optimizer = torch.optim.Adam(self.params, lr=self.config.lr)
+        return self._optimizer
+
+    @property
+    def epsilon(self) -> float:
+        """The exploration rate at the current learner ``version``."""
+        c = self.config
+        return epsilon_at(self.version, c.epsilon_start, c.epsilon_end, c.epsilon_decay_updates)
+
+    def _q(self, net: nn.Module, obs: np.ndarray) -> torch.Tensor:
+        """Every agent's action values ``[B, A, n_actions]`` for ``obs [B, A, D]``."""
+        q: torch.Tensor = net(
+            agent_inputs(torch.as_tensor(obs, dtype=torch.float32, device=self.device))
+        )
+        return q
+
+    def act(self, obs: np.ndarray, *, explore: bool) -> dict[str, np.ndarray]:
+        """Per-agent epsilon-greedy (``explore``) or greedy actions ``[N, A]`` for ``obs``."""
+        with torch.no_grad():
+            greedy = self._q(self.agent, obs).argmax(dim=2).cpu().numpy()
+        if explore:
+            random = self.rng.integers(0, self.n_actions, size=greedy.shape)
+            greedy = np.where(self.rng.random(greedy.shape) < self.epsilon, random, greedy)
+        return {"action": (greedy + self.action_start).astype(np.int64)}
+
+    def postprocess(self, fragment: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Flat n-step transitions from a fragment (see :func:`n_step_transitions_ma`)."""
+        return n_step_transitions_ma(fragment, self.config.n_step, self.config.gamma)
+
+    def td_target(self, batch: Mapping[str, np.ndarray]) -> torch.Tensor:
+        """``r + discount * Q_tot_target(argmax_u Q_online(o', u), s')`` per transition ``[B]``.
+
+        Each agent's next action is the online network's argmax, valued by the target
+        agent network and mixed by the target mixer at ``next_state``.
+        """
+        c, dev = self.config, self.device
+        with torch.no_grad():
+            best = self._q(self.agent, batch["next_obs"]).argmax(dim=2, keepdim=True)
+            next_q = self._q(self.agent_target, batch["next_obs"]).gather(2, best).squeeze(2)
+            next_state = torch.as_tensor(batch["next_state"], dtype=torch.float32, device=dev)
+            reward = torch.as_tensor(batch["reward"], dtype=torch.float32, device=dev)
+            discount = torch.as_tensor(batch["discount"], dtype=torch.float32, device=dev)
+            next_q_tot: torch.Tensor = self.mixer_target(next_q, next_state)
+            return c.reward_scale * reward + discount * next_q_tot
+
+    def update(self, batch: Mapping[str, np.ndarray]) -> UpdateResult:
+        """One gradient step of agent network and mixer on a replay batch."""
+        c, dev = self.config, self.device
+        action = torch.as_tensor(batch["action"], dtype=torch.int64, device=dev)
+        q = self._q(self.agent, batch["obs"])
+        q_taken = q.gather(2, (action - self.action_start).unsqueeze(2)).squeeze(2)
+        state = torch.as_tensor(batch["state"], dtype=torch.float32, device=dev)
+        q_tot = self.mixer(q_taken, state)
+        target = self.td_target(batch)
+        if c.huber_delta > 0:
+            loss = F.huber_loss(q_tot, target, delta=c.huber_delta)
+        else:
+            loss = F.mse_loss(q_tot, target)
+        self.optimizer.zero_grad(set_to_none=True)
+        torch.autograd.backward(loss)
+        if self.gradient_sync is not None:  # data-parallel learners: average, then clip
+            sync_gradients(self.params, self.gradient_sync)
+        grad_norm = nn.utils.clip_grad_norm_(self.params, c.max_grad_norm)
+        self.optimizer.step()
+        self.version += 1
+        if self.version % c.target_update_interval == 0:
+            self._update_targets()
+        metrics = {
+            "loss": float(loss.item()),
+            "q_tot_mean": float(q_tot.mean().item()),
+            "td_abs_mean": float((q_tot - target).abs().mean().item()),
+            "grad_norm": float(grad_norm.item()),
+            "epsilon": self.epsilon,
+        }
+        return UpdateResult(metrics=metrics, priorities=None)
+
+    def _update_targets(self) -> None:
+        tau = self.config.tau
+        pairs = ((self.agent, self.agent_target), (self.mixer, self.mixer_target))
+        with torch.no_grad():
+            for online, target in pairs:
+                for p, t in zip(online.parameters(), target.parameters(), strict=True):
+                    t.lerp_(p, tau)
+
+    def get_weights(self) -> dict[str, np.ndarray]:
+        """The agent network's weights (all an actor needs; the mixer stays on the learner)."""
+        return numpy_weights(self.agent)
+
+    def set_weights(self, weights: Mapping[str, np.ndarray], version: int) -> None:
+        """Load agent-network weights; ``version`` (learner updates) drives epsilon."""
+        load_numpy_weights(self.agent, weights)
+        self.version = version
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a learner needs to continue (see ``tianji.checkpoint``): agent network,
+        mixer, both targets, Adam's moments, the update count."""
+        return {
+            "agent": self.agent.state_dict(),
+            "agent_target": self.agent_target.state_dict(),
+            "mixer": self.mixer.state_dict(),
+            "mixer_target": self.mixer_target.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "version": self.version,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from :meth:`state_dict` (same config and spaces)."""
+        for key in ("agent", "agent_target", "mixer", "mixer_target"):
+            getattr(self, key).load_state_dict(state[key])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.version = int(state["version"])
+
+    def buffer_spec(self) -> BufferSpec:
+        """Uniform replay over flat multi-agent transitions."""
+        c = self.config
+        return BufferSpec(
+            kind="replay",
+            capacity=c.buffer_capacity,
+            batch_size=c.batch_size,
+            min_size=c.learning_starts,
+        )
