@@ -20,9 +20,11 @@ ROOT = Path(__file__).resolve().parents[1]
 SPREAD = EnvConfig(id="mpe2.simple_spread_v3", api="pettingzoo", kwargs={"N": 3, "max_cycles": 25})
 
 MARGIN = 8.0
-"""Mean team return (last 100 episodes) above the random policy's mean, after the short
-runs below. The random policy scores -79.6 (std 23.4 per episode, 1,000 episodes); the
-runs of this test ended at FIXME (see docs/benchmarks.md, "Multi-agent")."""
+"""Mean team return (last 100 episodes) above the random policy's mean after the 100-s runs
+below. The random policy scores -79.6 (std 23.4 per episode, s.e. 0.74 over 1,000
+episodes); in `python benchmarks/multiagent.py`'s runs the examples stood at -58.0 (MAPPO,
+128,000 env steps) and -58.3 (QMIX, 40,800 env steps) 100 s after launch: margins of about
+21, more than twice this one (docs/benchmarks.md, "Multi-agent")."""
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +53,7 @@ def train(tmp_path: Path, example: str, *args: str) -> tuple[dict, list[dict]]:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("example", "transport", "seconds"),
-    [("spread_mappo", "shm", 120), ("spread_qmix", "tcp", 120)],
+    [("spread_mappo", "shm", 100), ("spread_qmix", "tcp", 100)],
     ids=["mappo-shm", "qmix-tcp"],
 )
 def test_a_multi_agent_example_ends_clearly_above_the_random_policy(
@@ -67,15 +69,9 @@ def test_a_multi_agent_example_ends_clearly_above_the_random_policy(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("example", "transport"),
-    [("spread_mappo", "tcp"), ("spread_qmix", "shm")],
-    ids=["mappo-tcp", "qmix-shm"],
-)
-def test_a_multi_agent_run_moves_its_data_over_the_other_transport(
-    tmp_path: Path, example: str, transport: str
-) -> None:
-    """The other transport of each algorithm, briefly: updates happen, nothing lost."""
-    s, _ = train(tmp_path, example, "--transport", transport, "--max-seconds", "25")
-    assert s["transport"] == transport and s["learner_updates"] > 0
+def test_qmix_transitions_travel_over_shared_memory_too(tmp_path: Path) -> None:
+    """The replay path (flat multi-agent transitions) over the other transport, briefly
+    (the rollout path over TCP is the single-agent one, tested with PPO)."""
+    s, _ = train(tmp_path, "spread_qmix", "--transport", "shm", "--max-seconds", "20")
+    assert s["transport"] == "shm" and s["learner_updates"] > 0
     assert s["accounting"]["balanced"] and s["samples_consumed"] > 0, s["accounting"]
