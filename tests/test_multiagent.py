@@ -320,3 +320,26 @@ def test_a_multi_agent_checkpoint_restores_exactly_and_plays_team_episodes_in_ev
     result = evaluate(run_dir, episodes=2, out=io.StringIO())
     assert result["policy_version"] == 42 and result["lengths"] == [25, 25]
     assert all(-400 < r < 0 for r in result["returns"])  # simple_spread: costs only
+
+
+def test_mappo_hands_every_minibatch_gradient_to_the_learners_sync() -> None:
+    """With K learners the averaged gradient replaces each one's own, every step."""
+    frag = _collect(SPREAD, n_envs=2, length=10)
+    batch = {**frag, "logp": np.full(frag["action"].shape, -1.6, np.float32)}
+    plain, synced = _mappo(update_epochs=2), _mappo(update_epochs=2)
+    calls: list[int] = []
+
+    def halve(flat: np.ndarray) -> np.ndarray:  # as if the other learner's gradient were 0
+        calls.append(flat.size)
+        return flat / 2
+
+    synced.gradient_sync = halve
+    plain.update(plain.postprocess(batch))
+    synced.update(synced.postprocess(batch))
+    n_params = sum(p.numel() for p in synced.net.parameters())
+    assert calls == [n_params] * 4  # 2 epochs x 2 minibatches
+    moved = [
+        not torch.equal(a, b)
+        for a, b in zip(plain.net.parameters(), synced.net.parameters(), strict=True)
+    ]
+    assert all(moved)
