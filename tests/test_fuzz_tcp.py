@@ -232,9 +232,11 @@ def test_ten_thousand_bad_messages_close_their_connections_and_harm_nothing_else
     seen = rig.sub.seen[:sent]
     assert seen == list(range(len(seen))) and len(seen) >= sent - 5 and sent > 100
     # bounded: after the first half (allocator arenas, pools) the second half of the
-    # messages adds next to nothing (pytest's log capture keeps ~1 KB per message)
+    # messages adds little (pytest's log capture keeps ~1 KB per message): < 16 MB in most
+    # runs, 32 MB once in CI (allocator noise). The leak this guards against (exception
+    # tracebacks pinning 256 KB receive buffers) grew ~700 MB per half.
     first, second = rss[1] - rss[0], rss[2] - rss[1]
-    assert second < 16, f"RSS grew {first:.0f} MB, then {second:.0f} MB more (not bounded)"
+    assert second < 64, f"RSS grew {first:.0f} MB, then {second:.0f} MB more (not bounded)"
     growth = rss[2] - rss[0]
     print(
         f"fuzz: {total} messages, {refused} BadFrame closes, {sent} events delivered, "

@@ -210,12 +210,23 @@ def test_a_killed_replay_buffer_restarts_from_its_snapshot(tmp_path: Path) -> No
     snapshot (``samples_restored``), the learner goes on, and the accounting closes."""
     snapshots = ("--set", "checkpoint.replay=true", "--set", "checkpoint.every_seconds=4")
     from_snapshot = ("--set", 'recovery.buffer="snapshot"')
+
+    def snapshot_files() -> list[Path]:
+        return list(tmp_path.glob("*/checkpoints/replay-buffer-0.tjc"))
+
     with training(tmp_path, "--max-seconds", "45", *snapshots, *from_snapshot, config=DQN) as run:
         deadline = time.monotonic() + 120
-        while not list(tmp_path.glob("*/checkpoints/replay-buffer-0.tjc")):
+        while not snapshot_files():
             assert time.monotonic() < deadline, "no replay snapshot in 120 s"
             time.sleep(0.5)
         status = run.wait_for(lambda s: s["counters"]["learner_updates"] >= 50, timeout=120)
+        # the first snapshot may predate the first transition (taken 4 s after start): kill
+        # only once one written after learning began is there (a CI run restored 0 samples)
+        learning = time.time()
+        while max(p.stat().st_mtime for p in snapshot_files()) <= learning:
+            assert time.time() < learning + 60, "no replay snapshot after learning began"
+            time.sleep(0.5)
+        status = run.status()
         run.kill_and_await_restart(status, "buffer-0", timeout=60)
         updates = run.status()["counters"]["learner_updates"]
         run.wait_for(lambda s: s["counters"]["learner_updates"] > updates + 20, timeout=90)
