@@ -28,6 +28,7 @@ __all__ = [
     "numpy_weights",
     "obs_tensor",
     "pick_device",
+    "polyak_update",
     "seeded_init",
     "sync_gradients",
 ]
@@ -183,3 +184,10 @@ def sync_gradients(params: Sequence[nn.Parameter], sync: GradientSync) -> None:
         g.copy_(averaged[offset : offset + n].view_as(g))
         p.grad = g
         offset += n
+
+
+def polyak_update(online: nn.Module, target: nn.Module, tau: float) -> None:
+    """Move ``target``'s parameters toward ``online``'s by ``tau`` (1: copy them)."""
+    with torch.no_grad():
+        for p, t in zip(online.parameters(), target.parameters(), strict=True):
+            t.lerp_(p, tau)

@@ -28,6 +28,7 @@ from tianji.algorithms._nets import (
     numpy_weights,
     obs_tensor,
     pick_device,
+    polyak_update,
     require_spaces,
     seeded_init,
     sync_gradients,
@@ -285,7 +286,7 @@ class DQN:
         self.optimizer.step()
         self.version += 1
         if self.version % c.target_update_interval == 0:
-            self._update_target()
+            polyak_update(self.q, self.q_target, c.tau)
         td_abs = td.detach().abs().cpu().numpy().astype(np.float64)
         metrics = {
             "loss": float(loss.item()),
@@ -296,12 +297,6 @@ class DQN:
         }
         priorities = td_abs + c.priority_eps if c.prioritized else None
         return UpdateResult(metrics=metrics, priorities=priorities)
-
-    def _update_target(self) -> None:
-        tau = self.config.tau
-        with torch.no_grad():
-            for online, target in zip(self.q.parameters(), self.q_target.parameters(), strict=True):
-                target.lerp_(online, tau)
 
     def get_weights(self) -> dict[str, np.ndarray]:
         """The online Q-network's weights (all an actor needs) as contiguous numpy arrays."""

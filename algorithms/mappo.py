@@ -36,7 +36,15 @@ from tianji.algorithms._nets import (
     seeded_init,
     sync_gradients,
 )
-from tianji.algorithms.ppo import clipped_surrogate_loss, gae, value_loss
+from tianji.algorithms.ppo import (
+    annealed_lr,
+    clipped_surrogate_loss,
+    compact_fragment,
+    epoch_minibatches,
+    explained_variance,
+    gae,
+    value_loss,
+)
 from torch import nn
 
 from tianji.core import BufferSpec, GradientSync, UpdateResult
@@ -202,19 +210,9 @@ class MAPPO:
         }
 
     def postprocess(self, fragment: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The fragment with compact dtypes (float32 floats, bool flags); ``agent_reward``
-        is left out (the team reward trains MAPPO)."""
-        out: dict[str, np.ndarray] = {}
-        for key, value in fragment.items():
-            if key == "agent_reward":
-                continue
-            arr = np.asarray(value)
-            if key in ("terminated", "truncated"):
-                arr = arr.astype(bool)
-            elif arr.dtype == np.float64:
-                arr = arr.astype(np.float32)
-            out[key] = arr
-        return out
+        """The fragment with compact dtypes; ``agent_reward`` is left out (the team reward
+        trains MAPPO)."""
+        return compact_fragment(fragment, drop=("agent_reward",))
 
     def get_weights(self) -> dict[str, np.ndarray]:
         """The shared policy's weights (all an actor needs; the critic stays on the learner)."""
@@ -255,27 +253,20 @@ class MAPPO:
         """GAE over the team reward of the ``[T, M]`` batch, then minibatch epochs."""
         c = self.config
         flat = self._prepare(batch)
-        size = len(flat["adv"])
-        mb_size = max(1, size // c.num_minibatches)
         if c.lr_anneal_updates > 0:
-            frac = max(0.0, 1.0 - self.version / c.lr_anneal_updates)
-            self.optimizer.param_groups[0]["lr"] = c.lr * frac
+            lr = annealed_lr(c.lr, self.version, c.lr_anneal_updates)
+            self.optimizer.param_groups[0]["lr"] = lr
         totals: dict[str, float] = {}
         steps = 0
         for _ in range(c.update_epochs):
-            order = self.rng.permutation(size)
-            for start in range(0, size - mb_size + 1, mb_size):
-                mb = {k: v[order[start : start + mb_size]] for k, v in flat.items()}
+            for index in epoch_minibatches(len(flat["adv"]), c.num_minibatches, self.rng):
+                mb = {k: v[index] for k, v in flat.items()}
                 for k, v in self._minibatch_step(mb).items():
                     totals[k] = totals.get(k, 0.0) + v
                 steps += 1
         self.version += 1
         metrics = {k: v / steps for k, v in totals.items()}
-        ret, old_value = flat["ret"], flat["old_value"]
-        var = ret.var().item()
-        metrics["explained_variance"] = (
-            float("nan") if var == 0 else 1.0 - (ret - old_value).var().item() / var
-        )
+        metrics["explained_variance"] = explained_variance(flat["ret"], flat["old_value"])
         metrics["lr"] = self.optimizer.param_groups[0]["lr"]
         return UpdateResult(metrics=metrics)
 

@@ -43,7 +43,11 @@ __all__ = [
     "PPO",
     "ActorCritic",
     "PPOConfig",
+    "annealed_lr",
     "clipped_surrogate_loss",
+    "compact_fragment",
+    "epoch_minibatches",
+    "explained_variance",
     "gae",
     "gaussian_entropy",
     "gaussian_log_prob",
@@ -172,6 +176,47 @@ def gaussian_log_prob(
 def gaussian_entropy(log_std: torch.Tensor) -> torch.Tensor:
     """Entropy of a diagonal Gaussian, summed over the last axis."""
     return (log_std + 0.5 * math.log(2 * math.pi * math.e)).sum(-1)
+
+
+def compact_fragment(
+    fragment: Mapping[str, np.ndarray], drop: Sequence[str] = ()
+) -> dict[str, np.ndarray]:
+    """``fragment`` without the ``drop`` keys, with compact dtypes: float64 as float32,
+    ``terminated``/``truncated`` as bool (what a rollout buffer stores and ships)."""
+    out: dict[str, np.ndarray] = {}
+    for key, value in fragment.items():
+        if key in drop:
+            continue
+        arr = np.asarray(value)
+        if key in ("terminated", "truncated"):
+            arr = arr.astype(bool)
+        elif arr.dtype == np.float64:
+            arr = arr.astype(np.float32)
+        out[key] = arr
+    return out
+
+
+def epoch_minibatches(
+    size: int, num_minibatches: int, rng: np.random.Generator
+) -> list[np.ndarray]:
+    """One epoch's minibatches: a permutation of ``range(size)`` cut into index arrays of
+    ``max(1, size // num_minibatches)`` (a shorter remainder is left out)."""
+    order = rng.permutation(size)
+    mb_size = max(1, size // num_minibatches)
+    return [order[start : start + mb_size] for start in range(0, size - mb_size + 1, mb_size)]
+
+
+def explained_variance(returns: torch.Tensor, values: torch.Tensor) -> float:
+    """``1 - Var(returns - values) / Var(returns)``; NaN when the returns are constant."""
+    var = returns.var().item()
+    return float("nan") if var == 0 else 1.0 - (returns - values).var().item() / var
+
+
+def annealed_lr(lr: float, version: int, anneal_updates: int) -> float:
+    """``lr`` decayed linearly to 0 over ``anneal_updates`` updates (0: constant)."""
+    if anneal_updates <= 0:
+        return lr
+    return lr * max(0.0, 1.0 - version / anneal_updates)
 
 
 def _flat(x: np.ndarray) -> np.ndarray:
@@ -330,16 +375,8 @@ class PPO:
         return action, log_probs.gather(1, action[:, None]).squeeze(1)
 
     def postprocess(self, fragment: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The fragment unchanged except for compact dtypes (float32 floats, bool flags)."""
-        out: dict[str, np.ndarray] = {}
-        for key, value in fragment.items():
-            arr = np.asarray(value)
-            if key in ("terminated", "truncated"):
-                arr = arr.astype(bool)
-            elif arr.dtype == np.float64:
-                arr = arr.astype(np.float32)
-            out[key] = arr
-        return out
+        """The fragment unchanged except for compact dtypes (see :func:`compact_fragment`)."""
+        return compact_fragment(fragment)
 
     def get_weights(self) -> dict[str, np.ndarray]:
         """Actor and critic weights (actors report values too) as contiguous numpy arrays."""
@@ -382,14 +419,12 @@ class PPO:
         c = self.config
         flat = self._prepare(batch)
         size = len(flat["adv"])
-        mb_size = max(1, size // c.num_minibatches)
         self._anneal_lr()
         totals: dict[str, float] = {}
         steps = 0
         for _ in range(c.update_epochs):
-            order = self.rng.permutation(size)
-            for start in range(0, size - mb_size + 1, mb_size):
-                mb = {k: v[order[start : start + mb_size]] for k, v in flat.items()}
+            for index in epoch_minibatches(size, c.num_minibatches, self.rng):
+                mb = {k: v[index] for k, v in flat.items()}
                 for k, v in self._minibatch_step(mb).items():
                     totals[k] = totals.get(k, 0.0) + v
                 steps += 1
@@ -494,13 +529,11 @@ class PPO:
     def _anneal_lr(self) -> None:
         c = self.config
         if c.lr_anneal_updates > 0:
-            frac = max(0.0, 1.0 - self.version / c.lr_anneal_updates)
-            self.optimizer.param_groups[0]["lr"] = c.lr * frac
+            lr = annealed_lr(c.lr, self.version, c.lr_anneal_updates)
+            self.optimizer.param_groups[0]["lr"] = lr
 
     def _batch_metrics(self, flat: Mapping[str, torch.Tensor]) -> dict[str, float]:
         """Diagnostics over the whole batch: explained variance, behaviour-value drift."""
-        ret, old_value = flat["ret"], flat["old_value"]
-        var = ret.var().item()
-        explained = float("nan") if var == 0 else 1.0 - (ret - old_value).var().item() / var
-        drift = (flat["behaviour_value"] - old_value).abs().mean().item()
+        explained = explained_variance(flat["ret"], flat["old_value"])
+        drift = (flat["behaviour_value"] - flat["old_value"]).abs().mean().item()
         return {"explained_variance": explained, "value_drift": float(drift)}

@@ -35,6 +35,7 @@ from tianji.algorithms._nets import (
     mlp,
     numpy_weights,
     pick_device,
+    polyak_update,
     require_spaces,
     seeded_init,
     sync_gradients,
@@ -332,7 +333,8 @@ class QMIX:
         self.optimizer.step()
         self.version += 1
         if self.version % c.target_update_interval == 0:
-            self._update_targets()
+            polyak_update(self.agent, self.agent_target, c.tau)
+            polyak_update(self.mixer, self.mixer_target, c.tau)
         metrics = {
             "loss": float(loss.item()),
             "q_tot_mean": float(q_tot.mean().item()),
@@ -341,14 +343,6 @@ class QMIX:
             "epsilon": self.epsilon,
         }
         return UpdateResult(metrics=metrics, priorities=None)
-
-    def _update_targets(self) -> None:
-        tau = self.config.tau
-        pairs = ((self.agent, self.agent_target), (self.mixer, self.mixer_target))
-        with torch.no_grad():
-            for online, target in pairs:
-                for p, t in zip(online.parameters(), target.parameters(), strict=True):
-                    t.lerp_(p, tau)
 
     def get_weights(self) -> dict[str, np.ndarray]:
         """The agent network's weights (all an actor needs; the mixer stays on the learner)."""
