@@ -43,7 +43,11 @@ class Sink(Service):
 
 
 def test_weights_before_the_first_subscriber_do_not_stall_the_actor() -> None:
-    config = load_config(str(ROOT / "examples" / "cartpole_ppo.toml"), [])
+    # unbalanced: in a relaxed on-policy run an actor collects only what a balancing
+    # controller grants, and this one has none
+    config = load_config(
+        str(ROOT / "examples" / "cartpole_ppo.toml"), ["controller.mode=unbalanced"]
+    )
     weights = make_algorithm(config, seed=0, device="cpu").get_weights()
 
     async def main() -> None:

@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from tianji.balance import BalanceConfig, BalancePolicy, Observation, stale_mask
+from tianji.balance import BalanceConfig, BalancePolicy, Grant, Observation, stale_mask
 from tianji.errors import ConfigError
 
 PRODUCERS = {"actor-0": 0, "actor-1": 0}
@@ -103,109 +103,82 @@ def on_policy(
     )
 
 
-def test_a_producer_with_too_old_a_policy_is_paused_until_it_has_newer_weights() -> None:
-    policy = on_policy(lag=1)
-    versions = {"actor-0": 3, "actor-1": 5}
-    d = policy.decide(
-        Observation(inserted=0, consumed=0, learner_version=5, producer_versions=versions)
+def test_grants_fill_one_batch_plus_lag_target_batches_then_stop() -> None:
+    # 2 fragments per batch, lag target 1: at most 4 fragments outstanding.
+    policy = on_policy(lag=2, target=1)
+    fresh = {"actor-0": 0, "actor-1": 0, "actor-2": 0}
+    d = policy.decide(Observation(inserted=0, consumed=0, producer_versions=fresh))
+    assert d.grants is not None
+    assert sum(g.limit for g in d.grants.values()) == 4
+    assert all(g.min_version == 0 for g in d.grants.values())
+    # every producer gets one before any gets a second (idle producers first)
+    assert sorted(g.limit for g in d.grants.values()) == [1, 1, 2]
+    granted = {p: g.limit for p, g in d.grants.items()}
+    again = policy.decide(
+        Observation(inserted=0, consumed=0, producer_versions=fresh, granted=granted)
     )
-    assert d.paused == {"actor-0"}
-    versions["actor-0"] = 4
-    d = policy.decide(
-        Observation(inserted=0, consumed=0, learner_version=5, producer_versions=versions)
+    assert again.grants == {} and again.reason.startswith("4/4")
+
+
+def test_a_grant_asks_for_the_weights_its_fragment_needs_to_stay_within_the_target() -> None:
+    policy = on_policy(lag=2, target=1)
+    # learner at version 5 training on a batch (2 fragments held), 2 more buffered: the
+    # next fragment is the 5th outstanding one, consumed at 5 + 4 // 2 = 7: weights >= 6.
+    obs = Observation(
+        inserted=0,
+        consumed=0,
+        produced=4 * 512,
+        learner_version=5,
+        params_version=6,
+        producer_versions={"actor-0": 5},
     )
-    assert d.paused == frozenset()
+    assert policy.consumed_at(obs, 4) == 7
+    d = on_policy(lag=3, target=2).decide(obs)
+    assert d.grants == {"actor-0": Grant(limit=2, min_version=5)}  # positions 4 and 5
+    # target 1: positions 0..3 are taken, nothing more may be outstanding
+    assert policy.decide(obs).grants == {}
+    # weights 6 not published yet: a grant that needs them waits for them
+    early = dataclasses.replace(obs, params_version=5)
+    assert on_policy(lag=3, target=1).decide(early).grants == {}
 
 
-def test_producers_pause_before_producing_what_would_be_dropped() -> None:
-    policy = on_policy(lag=1, batch=1024, fragment=512)
-    fresh = {"actor-0": 4, "actor-1": 4}
-    # The batch in training (1024) is consumed at version 4; with the other actor's
-    # fragment in progress a new fragment is consumed at 4 + 1536 // 1024 = 5: lag 1, fine.
-    training = Observation(inserted=5120, consumed=4096, learner_version=4, producer_versions=fresh)
-    assert policy.consumed_at(training, 2) == 5
-    assert policy.decide(training).paused == frozenset()
-    # One more batch waiting behind it: a new fragment would be consumed at 6, lag 2.
-    backlog = Observation(inserted=6144, consumed=4096, learner_version=4, producer_versions=fresh)
-    assert policy.decide(backlog).paused == {"actor-0", "actor-1"}
-    # Dropped samples are not waiting any more.
-    drained = dataclasses.replace(backlog, dropped=1024)
-    assert policy.decide(drained).paused == frozenset()
-    # A larger target (within a larger bound) allows a longer backlog.
-    assert on_policy(lag=2, target=2).decide(backlog).paused == frozenset()
-    assert on_policy(lag=3, target=1).decide(backlog).paused == {"actor-0", "actor-1"}
+def test_less_than_a_batch_outstanding_is_always_granted_so_the_learner_never_starves() -> None:
+    # The freeze of the old policy: 8 actors, all paused, the buffer empty, the learner
+    # waiting. Whatever the producers' weights, the first batch is always granted.
+    policy = on_policy(lag=1, target=1, batch=512, fragment=256)
+    stale = {f"actor-{i}": 1 for i in range(8)}
+    obs = Observation(
+        inserted=0, consumed=0, learner_version=3, params_version=3, producer_versions=stale
+    )
+    d = policy.decide(obs)
+    assert d.grants is not None and sum(g.limit for g in d.grants.values()) == 4
+    assert len(d.paused) == 4  # the other four have nothing to do: reported as paused
 
 
-def test_on_policy_lag_of_consumed_samples_stays_within_the_bound_in_a_simulation() -> None:
-    """A discrete simulation: producers take ``collect`` ticks per fragment, the learner
-    ``train`` ticks per batch, weights reach producers ``delay`` ticks after an update.
-    Decisions apply from the tick after the state they saw (one control interval late,
-    shorter than a fragment). Nothing consumed exceeds the bound, and little is produced only to be
-    dropped as stale."""
-    lag_bound, frag, batch = 1, 512, 1024
-    for collect, train, delay in [
-        (3, 2, 1),
-        (4, 8, 1),
-        (6, 1, 0),
-        (3, 3, 2),
-        (10, 30, 1),
-        (10, 3, 1),
-    ]:
-        policy = on_policy(lag=lag_bound, batch=batch, fragment=frag)
-        version = 0
-        queue: list[int] = []  # versions of waiting fragments
-        producer = {"a": [0, 0], "b": [0, 0]}  # weights version, ticks into the fragment
-        in_flight: list[tuple[int, int]] = []  # (arrive tick, version) of weights
-        training = 0
-        inserted = consumed = dropped = 0
-        paused: frozenset[str] = frozenset()
-        lags: list[int] = []
-        for tick in range(3000):
-            for p, state in producer.items():
-                if state[1] == 0 and p in paused:
-                    continue
-                started = state[1] == 0
-                state[1] += 1
-                if state[1] >= collect:
-                    queue.append(state[2] if len(state) > 2 else state[0])
-                    inserted += frag
-                    state[1] = 0
-                    del state[2:]
-                elif started:
-                    state.append(state[0])  # the version that acts in this fragment
-            if training == 0:  # the buffer drops what is stale, then serves a batch
-                fresh = [v for v in queue if version - v <= lag_bound]
-                dropped += (len(queue) - len(fresh)) * frag
-                queue = fresh
-                if len(queue) * frag >= batch:
-                    lags += [version - v for v in queue[: batch // frag]]
-                    del queue[: batch // frag]
-                    training = train
-            if training:
-                training -= 1
-                if training == 0:
-                    consumed += batch
-                    version += 1
-                    in_flight.append((tick + delay, version))
-            for arrive, v in list(in_flight):
-                if arrive <= tick:
-                    for state in producer.values():
-                        state[0] = max(state[0], v)
-                    in_flight.remove((arrive, v))
-            obs = Observation(  # what the heartbeats say at the end of this tick
-                inserted=inserted,
-                consumed=consumed,
-                dropped=dropped,
-                learner_version=version,
-                producer_versions={p: v[0] for p, v in producer.items()},
-            )
-            paused = policy.decide(obs).paused  # acted on from the next tick
-        assert lags and max(lags) <= lag_bound, (collect, train, delay)
-        assert dropped <= 0.02 * inserted, (collect, train, delay, dropped, inserted)
-        # ... and the pipeline keeps the slower side busy (no lock-step): consumption is
-        # close to the bottleneck's rate, actors collecting while the learner trains.
-        bottleneck = min(2 * frag / collect, batch / train)
-        assert consumed / 3000 >= 0.8 * bottleneck, (collect, train, delay)
+def test_dropped_and_consumed_samples_free_their_places() -> None:
+    policy = on_policy(lag=2, target=1)
+    full = Observation(inserted=0, consumed=0, produced=4 * 512, producer_versions={"actor-0": 0})
+    assert policy.outstanding(full) == 4 and policy.decide(full).grants == {}
+    freed = dataclasses.replace(full, consumed=1024, dropped=512, learner_version=1)
+    assert policy.outstanding(freed) == 1
+    grants = policy.decide(freed).grants
+    assert grants is not None and grants["actor-0"].limit == 3
+
+
+def test_the_rollout_buffer_capacity_caps_what_is_outstanding() -> None:
+    policy = BalancePolicy(
+        BalanceConfig(
+            on_policy=True,
+            max_policy_lag=4,
+            lag_target=4,
+            batch_samples=1024,
+            fragment_samples=512,
+            buffer_fragments=6,
+        )
+    )
+    assert policy.config.outstanding_limit == 6  # not 2 x 5 = 10: nothing is ever evicted
+    d = policy.decide(Observation(inserted=0, consumed=0, producer_versions={"a": 0}))
+    assert d.grants == {"a": Grant(limit=6, min_version=0)}
 
 
 def test_exactly_the_samples_over_the_lag_bound_are_stale() -> None:

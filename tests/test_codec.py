@@ -44,6 +44,7 @@ from tianji.events import (
     ParamsPublished,
     PauseProduction,
     PrioritiesUpdated,
+    ProductionGranted,
     PublishersChanged,
     RegisterService,
     ResumeProduction,
@@ -209,6 +210,7 @@ def sample_events() -> list[Event]:
         PauseProduction(reason="learner is behind"),
         ResumeProduction(reason="caught up"),
         ConsumptionGranted(limit=4096, reason="consumed 3968 in [3000, 4096]"),
+        ProductionGranted(limit=12, min_version=5, reason="3/4 fragments outstanding"),
         ArraysPublished(
             seq=7,
             policy_version=3,

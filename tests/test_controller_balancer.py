@@ -11,7 +11,14 @@ from tianji.config import load_config
 from tianji.controller import Balancer, accounting
 from tianji.core import BufferSpec
 from tianji.errors import ConfigError
-from tianji.events import ConsumptionGranted, Event, Heartbeat, PauseProduction, ResumeProduction
+from tianji.events import (
+    ConsumptionGranted,
+    Event,
+    Heartbeat,
+    PauseProduction,
+    ProductionGranted,
+    ResumeProduction,
+)
 
 
 def hb(name: str, role: str, counters: dict[str, int] = {}, **gauges: float) -> Heartbeat:  # noqa: B006
@@ -49,23 +56,112 @@ def on_policy_run(inserted: int, consumed: int, version: int, actor_version: int
     }
 
 
-def test_relaxed_mode_pauses_and_resumes_producers_only_on_changes() -> None:
-    async def scenario() -> Recorder:
+def on_policy_actors(produced: int, sent: int, version: int) -> dict:
+    return {
+        f"actor-{i}": hb(
+            f"actor-{i}",
+            "actor",
+            {"samples_produced": produced, "fragments_sent": sent},
+            policy_version=version,
+        )
+        for i in range(2)
+    }
+
+
+def test_on_policy_producers_get_production_grants_only_on_changes() -> None:
+    async def scenario() -> None:
         send = Recorder()
         cfg = BalanceConfig(
-            on_policy=True, max_policy_lag=1, batch_samples=1024, fragment_samples=512
+            on_policy=True,
+            max_policy_lag=2,
+            lag_target=1,
+            batch_samples=1024,
+            fragment_samples=512,
         )
         balancer = Balancer(cfg, send)
-        backlog = on_policy_run(inserted=6144, consumed=4096, version=4, actor_version=4)
-        await balancer.update(backlog, backlog)
-        await balancer.update(backlog, backlog)  # unchanged: nothing sent again
+        start = {**on_policy_run(0, 0, 0, 0), **on_policy_actors(0, 0, 0)}
+        await balancer.update(start, start)
+        await balancer.update(start, start)  # unchanged: nothing sent again
+        grants = [
+            (n, ev.limit, ev.min_version)
+            for n, ev in send.sent
+            if isinstance(ev, ProductionGranted)
+        ]
+        assert grants == [("actor-0", 2, 0), ("actor-1", 2, 0)]  # 4 = 2 batches outstanding
+        assert not send.of(PauseProduction) and balancer.paused == set()
+        # each sent both: 4 fragments buffered, the learner at version 0: nothing more
+        full = {**on_policy_run(4096, 0, 0, 0), **on_policy_actors(1024, 2, 0)}
+        await balancer.update(full, full)
+        assert len(send.of(ProductionGranted)) == 2 and balancer.paused == {"actor-0", "actor-1"}
+        # one batch consumed: two more, collected with weights 1 (consumed at version 2)
+        later = {**on_policy_run(4096, 1024, 1, 1), **on_policy_actors(1024, 2, 1)}
+        await balancer.update(later, later)
+        new = [(n, ev.limit, ev.min_version) for n, ev in send.sent[2:]]
+        assert new == [("actor-0", 3, 1), ("actor-1", 3, 1)]
+        assert balancer.commands == {"grant_production": 4}
+
+    asyncio.run(scenario())
+
+
+def test_relaxed_off_policy_pauses_and_resumes_producers_only_on_changes() -> None:
+    async def scenario() -> None:
+        send = Recorder()
+        cfg = BalanceConfig(
+            replay_ratio=2.0,
+            tolerance=0.5,
+            min_replay_size=100,
+            batch_samples=32,
+            fragment_samples=16,
+        )
+        balancer = Balancer(cfg, send)
+
+        def run(inserted: int, consumed: int) -> dict:
+            return {
+                "buffer-0": hb("buffer-0", "buffer", {"samples_inserted": inserted}),
+                "learner-0": hb("learner-0", "learner", {"samples_consumed": consumed}),
+                "actor-0": hb("actor-0", "actor", policy_version=1),
+                "actor-1": hb("actor-1", "actor", policy_version=1),
+            }
+
+        ahead = run(1100, 1000)  # ratio 1.0, the band is [1.5, 2.5]: producers pause
+        await balancer.update(ahead, ahead)
+        await balancer.update(ahead, ahead)
         assert sorted(send.of(PauseProduction)) == ["actor-0", "actor-1"]
-        assert balancer.paused == {"actor-0", "actor-1"}
-        caught_up = on_policy_run(inserted=6144, consumed=5120, version=5, actor_version=5)
-        await balancer.update(caught_up, caught_up)
+        balanced = run(600, 1000)
+        await balancer.update(balanced, balanced)
         assert sorted(send.of(ResumeProduction)) == ["actor-0", "actor-1"]
-        assert not balancer.paused and balancer.commands == {"pause": 2, "resume": 2}
-        return send
+        assert not balancer.paused
+        assert balancer.commands["pause"] == 2 and balancer.commands["resume"] == 2
+
+    asyncio.run(scenario())
+
+
+def test_the_watchdog_names_who_waits_for_what_when_nothing_moves() -> None:
+    async def scenario() -> None:
+        send = Recorder()
+        cfg = BalanceConfig(
+            on_policy=True,
+            max_policy_lag=2,
+            batch_samples=1024,
+            fragment_samples=512,
+            watchdog_s=0.05,
+        )
+        balancer = Balancer(cfg, send)
+        start = {**on_policy_run(0, 0, 0, 0), **on_policy_actors(0, 0, 0)}
+        await balancer.update(start, start)  # 2 fragments granted to each
+        stuck = {**on_policy_run(4096, 0, 0, 0), **on_policy_actors(1024, 2, 0)}
+        await balancer.update(stuck, stuck)  # the learner does not consume them
+        assert balancer.metrics(stuck)["stalled"] is None
+        await asyncio.sleep(0.06)
+        await balancer.update(stuck, stuck)
+        stalled = balancer.metrics(stuck)["stalled"]
+        assert stalled is not None and stalled["seconds"] >= 0.05
+        assert "actor-0 waits for a grant (sent 2 of 2 granted)" in stalled["state"]
+        assert "learner-0 v0 consumed 0" in stalled["state"]
+        assert "buffer-0" in stalled["state"] and balancer.stalls == 1
+        moving = {**on_policy_run(4096, 1024, 1, 0), **on_policy_actors(1024, 2, 0)}
+        await balancer.update(moving, moving)
+        assert balancer.metrics(moving)["stalled"] is None and balancer.stalls == 1
 
     asyncio.run(scenario())
 

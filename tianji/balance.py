@@ -11,14 +11,22 @@ widened by one step of each side (Reverb's error buffer, see :meth:`BalancePolic
 Producers that run ahead (ratio below the band) get no credit and pause; a learner that
 runs ahead (ratio above the band) waits for data.
 
-On-policy (rollouts): no consumed sample may be older than ``max_policy_lag`` versions.
-The policy computes the learner version at which a fragment started now would be consumed
-(:meth:`BalancePolicy.consumed_at`: the backlog is consumed first, one batch per version)
-and pauses every producer for which that exceeds the bound: producers with stale weights
-(until they have newer ones) and all producers while the backlog is too long, so they do
-not produce what would only be dropped. With ``max_policy_lag >= 1`` actors collect the
-next batch while the learner trains on the previous one. :func:`stale_mask` says exactly which
-samples exceed the bound (they are dropped and counted as ``stale``).
+On-policy (rollouts) — production grants: no consumed sample may be older than
+``max_policy_lag`` versions. The learner consumes fragments oldest first, ``F`` fragments
+(one batch) per version, so the k-th fragment not yet consumed (counting the batch in
+training, the buffered ones, those on the wire and those being collected) is consumed at
+version ``learner_version + k // F``. The policy keeps at most ``F * (lag_target + 1)``
+fragments outstanding (and no more than the rollout buffer holds, so nothing is evicted)
+and grants each new one to a producer together with the oldest weights it may be
+collected with (``min_version = consumed_at - lag_target``; the producer waits for those
+weights before it starts). A producer may therefore never start what would be consumed
+more than ``lag_target`` versions late, and a learner waiting for data always leaves room
+for a grant with weights that are already published: no state exists in which every
+producer waits and the learner waits for data (:meth:`BalancePolicy.production_grants`).
+With ``lag_target >= 1`` actors collect the next batch while the learner trains on the
+previous one; ``max_policy_lag - lag_target`` versions absorb fragments that arrive out
+of order. :func:`stale_mask` says exactly which samples exceed the hard bound (they are
+dropped and counted as ``stale``).
 
 Modes: ``relaxed`` (the above), ``sync`` (a producer pauses after each fragment until the
 learner publishes a newer version, and an off-policy learner consumes exactly
@@ -27,7 +35,8 @@ learner publishes a newer version, and an off-policy learner consumes exactly
 
 The service shell is :class:`tianji.controller.Balancer`: it builds an
 :class:`Observation` from heartbeats, calls :meth:`BalancePolicy.decide` and sends the
-differences as command events (``PauseProduction`` / ``ResumeProduction`` to producers,
+differences as command events (``ProductionGranted`` to on-policy producers,
+``PauseProduction`` / ``ResumeProduction`` to off-policy producers,
 ``ConsumptionGranted`` to learners).
 """
 
@@ -35,6 +44,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 
 import numpy as np
 
@@ -46,6 +56,7 @@ __all__ = [
     "BalanceConfig",
     "BalancePolicy",
     "Decision",
+    "Grant",
     "LagStats",
     "Observation",
     "balance_config",
@@ -82,6 +93,27 @@ class BalanceConfig:
     """Data-parallel learners; each is granted ``1/learners`` of the consume limit."""
     fragment_samples: int = 1
     """Samples one producer inserts per fragment (the step a resumed producer takes)."""
+    buffer_fragments: int = 0
+    """On-policy: fragments the rollout buffer keeps (0: no limit); the grants never keep
+    more outstanding, so the buffer never evicts what was granted."""
+    watchdog_s: float = 30.0
+    """Seconds without a sample produced or consumed before the controller reports the
+    run as stalled, naming who waits for what (0: never)."""
+
+    @property
+    def batch_fragments(self) -> int:
+        """On-policy: fragments consumed per version (one batch of every learner)."""
+        return max(1, math.ceil(self.batch_samples / self.fragment_samples))
+
+    @property
+    def outstanding_limit(self) -> int:
+        """On-policy relaxed: fragments granted and not yet consumed, at most:
+        ``batch_fragments * (lag_target + 1)``, capped by the rollout buffer's capacity."""
+        target = min(self.lag_target, self.max_policy_lag)
+        limit = self.batch_fragments * (target + 1)
+        if self.buffer_fragments:
+            limit = min(limit, max(self.buffer_fragments, self.batch_fragments))
+        return limit
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -99,6 +131,7 @@ class BalanceConfig:
             or self.min_replay_size < 0
             or self.lag_target < 0
             or self.learners < 1
+            or self.buffer_fragments < 0
         ):
             raise ConfigError(
                 "controller",
@@ -121,6 +154,12 @@ class Observation:
         filling: some replay buffer (shard) cannot hand out a batch yet; producers are
             never paused then, or a shard whose actors started late could stay short for
             good while its learner holds the others at the gradient all-reduce.
+        produced: samples produced by all producers (dead incarnations included).
+        fragments_sent: fragments each live producer sent (its current incarnation).
+        granted: fragments each live producer was granted so far (the controller's own
+            record, cumulative for its current incarnation).
+        params_version: the newest policy version published to producers (``None``: the
+            learner's version).
     """
 
     inserted: int
@@ -130,6 +169,19 @@ class Observation:
     producer_versions: dict[str, int] = dataclasses.field(default_factory=dict)
     fragments_at_version: dict[str, int] = dataclasses.field(default_factory=dict)
     filling: bool = False
+    produced: int = 0
+    fragments_sent: dict[str, int] = dataclasses.field(default_factory=dict)
+    granted: dict[str, int] = dataclasses.field(default_factory=dict)
+    params_version: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Grant:
+    """A producer may have sent ``limit`` fragments in all (cumulative for its
+    incarnation) and starts each one only with weights of ``min_version`` or newer."""
+
+    limit: int
+    min_version: int
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -143,12 +195,15 @@ class Decision:
         consume_limit: the cumulative ``consumed`` count the learner may reach (its grant);
             ``None`` means unlimited. ``learner_waits`` is
             ``consumed + batch_samples > consume_limit``.
+        grants: on-policy relaxed: every producer's production grant (``None``: producers
+            are paced by ``paused`` instead).
     """
 
     paused: frozenset[str]
     learner_waits: bool
     reason: str
     consume_limit: int | None = None
+    grants: dict[str, Grant] | None = None
 
 
 class BalancePolicy:
@@ -246,31 +301,71 @@ class BalancePolicy:
         reason = f"consumed {obs.consumed} in [{band[0]:.0f}, {band[1]:.0f}]"
         return Decision(paused, learner_waits, reason, int(band[1]))
 
-    def consumed_at(self, obs: Observation, producers: int) -> int:
-        """The learner version at which a fragment started now would be consumed.
+    def outstanding(self, obs: Observation) -> int:
+        """On-policy: fragments granted and neither consumed nor dropped yet: produced and
+        somewhere between the producers and the learner's update (``produced - consumed -
+        dropped``), plus those granted to live producers and not sent yet."""
+        backlog = max(0, obs.produced - obs.consumed - obs.dropped)
+        collecting = sum(
+            max(0, obs.granted.get(p, 0) - obs.fragments_sent.get(p, 0))
+            for p in obs.producer_versions
+        )
+        return math.ceil(backlog / self.config.fragment_samples) + collecting
 
-        Everything not yet consumed (``buffered``, including the batch in training) is
-        consumed first, ``batch_samples`` per version, and so are the fragments the other
-        producers may be in the middle of. ``version + backlog / batch`` does not change
-        while the learner works through the backlog, so this holds for a fragment that
-        takes a while to collect, too.
+    def consumed_at(self, obs: Observation, position: int) -> int:
+        """The learner version at which the fragment at ``position`` (0: the oldest one not
+        yet consumed) will be consumed: ``batch_fragments`` fragments per version, oldest
+        first. It does not change while the learner works through the fragments ahead."""
+        return obs.learner_version + position // self.config.batch_fragments
+
+    def production_grants(self, obs: Observation) -> tuple[dict[str, Grant], int]:
+        """New grants for the fragments that fit in :attr:`BalanceConfig.outstanding_limit`.
+
+        Each grant takes the next position; its producer must collect it with weights no
+        older than ``consumed_at(position) - lag_target`` (never newer than the published
+        ones). Idle producers are chosen first, then those that already hold the weights,
+        then those granted least so far (round robin). Fewer than one batch outstanding is
+        always granted, whatever the weights: the learner never waits for nothing.
+
+        Returns:
+            (new grants by producer, fragments outstanding after them).
         """
         cfg = self.config
-        buffered = max(0, obs.inserted - obs.consumed - obs.dropped)
-        ahead = buffered + max(0, producers - 1) * cfg.fragment_samples
-        return obs.learner_version + ahead // cfg.batch_samples
+        target = min(cfg.lag_target, cfg.max_policy_lag)
+        published = obs.learner_version if obs.params_version is None else obs.params_version
+        producers = sorted(obs.producer_versions)
+        granted = {p: max(obs.granted.get(p, 0), obs.fragments_sent.get(p, 0)) for p in producers}
+        pending = {p: granted[p] - obs.fragments_sent.get(p, 0) for p in producers}
+        new: dict[str, Grant] = {}
+        position = self.outstanding(obs)
+        while producers and position < cfg.outstanding_limit:
+            need = max(0, self.consumed_at(obs, position) - target)
+            if need > published and position >= cfg.batch_fragments:
+                break  # those weights are not out yet: grant when they are
+            need = min(need, published)
+
+            def rank(p: str, need: int = need) -> tuple[int, bool, int, str]:
+                return pending[p], obs.producer_versions[p] < need, granted[p], p
+
+            chosen = min(producers, key=rank)
+            granted[chosen] += 1
+            pending[chosen] += 1
+            before = new.get(chosen)
+            new[chosen] = Grant(granted[chosen], max(need, before.min_version if before else 0))
+            position += 1
+        return new, position
 
     def _on_policy(self, obs: Observation, producers: frozenset[str]) -> Decision:
-        """Pause each producer whose next fragment would exceed ``max_policy_lag`` when
-        consumed: producers with stale weights, and every producer while the backlog is
-        more than the learner can use within the bound."""
-        cfg = self.config
-        at = self.consumed_at(obs, len(producers))
-        target = min(cfg.lag_target, cfg.max_policy_lag)
-        paused = frozenset(p for p in producers if at - obs.producer_versions[p] > target)
-        if not paused:
-            return Decision(paused, False, "balanced")
-        return Decision(paused, False, f"would be consumed at version {at}: lag over bound")
+        """Grant the fragments that can be consumed within the lag target (see the module
+        docstring); producers with nothing granted are reported as paused."""
+        grants, outstanding = self.production_grants(obs)
+        idle = frozenset(
+            p
+            for p in producers
+            if p not in grants and obs.granted.get(p, 0) <= obs.fragments_sent.get(p, 0)
+        )
+        reason = f"{outstanding}/{self.config.outstanding_limit} fragments outstanding"
+        return Decision(idle, False, reason, grants=grants)
 
 
 def stale_mask(
@@ -306,6 +401,8 @@ def balance_config(run: RunConfig, spec: BufferSpec, fragment_samples: int) -> B
         batch_samples=batch,
         fragment_samples=fragment_samples,
         learners=run.learner.count,
+        buffer_fragments=spec.capacity if on_policy else 0,
+        watchdog_s=ctl.watchdog_seconds,
     )
     learners = run.learner.count
     if on_policy and run.buffer.shards > 1:

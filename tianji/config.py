@@ -184,8 +184,16 @@ class ControllerConfig:
     trains on the previous one."""
     report_interval: float = 0.01
     """Seconds between two progress reports of one service (they are sent on change)."""
+    watchdog_seconds: float = 30.0
+    """Seconds without a sample produced or consumed (while producers and learners are up)
+    after which the controller logs who waits for what and the progress line, the summary
+    and ``/api/status`` show the run as stalled (0: off)."""
 
     def __post_init__(self) -> None:
+        if not self.watchdog_seconds >= 0:
+            raise ConfigError(
+                "controller.watchdog_seconds", self.watchdog_seconds, "a number of seconds >= 0"
+            )
         if self.mode not in CONTROLLER_MODES:
             raise ConfigError("controller.mode", self.mode, " | ".join(CONTROLLER_MODES))
         if not 0 <= self.tolerance < self.replay_ratio:

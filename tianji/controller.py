@@ -34,7 +34,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from tianji.balance import BalanceConfig, BalancePolicy, Decision, LagStats, Observation
+from tianji.balance import BalanceConfig, BalancePolicy, Decision, Grant, LagStats, Observation
 from tianji.core import Connection
 from tianji.errors import TianjiError
 from tianji.events import (
@@ -42,6 +42,7 @@ from tianji.events import (
     Event,
     Heartbeat,
     PauseProduction,
+    ProductionGranted,
     PublishersChanged,
     RegisterService,
     ResumeProduction,
@@ -267,7 +268,7 @@ class Controller(Service):
         next incarnation report from zero under ``name``."""
         self.restarts[name] += 1
         if self.balancer is not None:
-            self.balancer.grants.pop(name, None)
+            self.balancer.forget(name)
         hb = self.heartbeats.pop(name, None)
         if hb is None:
             return
@@ -338,6 +339,13 @@ class Balancer:
     ``paused`` set is reported, not sent; the learner's grant is sent in every mode but
     ``unbalanced``. With K data-parallel learners the policy's limit is for all of them
     and each learner is granted ``limit // K`` (they consume equal batches in lockstep).
+    On-policy ``relaxed`` producers are paced by production grants (``ProductionGranted``);
+    off-policy ones by ``PauseProduction`` / ``ResumeProduction``.
+
+    It is also the run's watchdog: when no sample is produced and none consumed for
+    ``config.watchdog_s`` seconds while producers and learners are up, it logs who waits for
+    what (:meth:`stall_report`) and :meth:`metrics` shows it (``stalled``) in the progress
+    line and ``/api/status`` until the run moves again.
 
     Args:
         config: the balance settings.
@@ -347,25 +355,51 @@ class Balancer:
 
     ROLES = frozenset({"actor", "buffer", "learner"})
 
-    def __init__(self, config: BalanceConfig, send: Send, *, window: float = 5.0) -> None:
+    def __init__(
+        self,
+        config: BalanceConfig,
+        send: Send,
+        *,
+        window: float = 5.0,
+    ) -> None:
         self.config = config
         self.policy = BalancePolicy(config)
         self._send = send
         self.window = window
+        self.watchdog_s = config.watchdog_s
         self.paused: set[str] = set()
-        self.grants: dict[str, int] = {}
+        self.grants: dict[str, int] = {}  # learner -> consume limit sent
+        self.production: dict[str, Grant] = {}  # producer -> production grant sent
+        self._incarnation: dict[str, float | None] = {}  # producer -> registered_at
         self.commands: collections.Counter[str] = collections.Counter()
         self.decisions = 0
         self.last: Decision | None = None
         self._history: collections.deque[tuple[float, int, int]] = collections.deque()
+        self._moved: tuple[int, int, float] | None = None  # (produced, consumed, when)
+        self.stalled: dict[str, Any] | None = None
+        self.stalls = 0
+
+    def forget(self, name: str) -> None:
+        """``name`` died: its next incarnation starts without grants."""
+        self.grants.pop(name, None)
+        self.production.pop(name, None)
+        self._incarnation.pop(name, None)
+        self.paused.discard(name)
 
     @staticmethod
-    def observe(heartbeats: Mapping[str, Heartbeat], live: Mapping[str, Any]) -> Observation:
-        """The policy's view of the run from the latest heartbeats of live services."""
-        inserted = consumed = dropped = version = 0
+    def observe(
+        heartbeats: Mapping[str, Heartbeat],
+        live: Mapping[str, Any],
+        granted: Mapping[str, int] | None = None,
+    ) -> Observation:
+        """The policy's view of the run from the latest heartbeats of live services (and
+        the counts of dead incarnations, ``name#k``, which stay in the totals)."""
+        inserted = consumed = dropped = produced = version = 0
+        params: int | None = None
         filling = False
         versions: dict[str, int] = {}
         fragments: dict[str, int] = {}
+        sent: dict[str, int] = {}
         for name, hb in heartbeats.items():
             if hb.role == "buffer":
                 inserted += hb.counters.get("samples_inserted", 0)
@@ -375,9 +409,15 @@ class Balancer:
                 consumed += hb.counters.get("samples_consumed", 0)
                 dropped += _dropped(hb)
                 version = max(version, hb.counters.get("learner_updates", 0))
-            elif hb.role == "actor" and name in live:
-                versions[name] = int(hb.gauges.get("policy_version", -1))
-                fragments[name] = int(hb.gauges.get("fragments_at_version", 0))
+                if "params_version" in hb.gauges and name in live:
+                    params = max(params or 0, int(hb.gauges["params_version"]))
+            elif hb.role == "actor":
+                produced += hb.counters.get("samples_produced", 0)
+                dropped += _dropped(hb)
+                if name in live:
+                    versions[name] = int(hb.gauges.get("policy_version", -1))
+                    fragments[name] = int(hb.gauges.get("fragments_at_version", 0))
+                    sent[name] = int(hb.counters.get("fragments_sent", 0))
         return Observation(
             inserted=inserted,
             consumed=consumed,
@@ -386,30 +426,32 @@ class Balancer:
             producer_versions=versions,
             fragments_at_version=fragments,
             filling=filling,
+            produced=produced,
+            fragments_sent=sent,
+            granted={p: granted.get(p, 0) for p in versions} if granted else {},
+            params_version=params,
         )
 
     async def update(self, heartbeats: Mapping[str, Heartbeat], live: Mapping[str, Any]) -> None:
         """Decide on the latest heartbeats and send what changed."""
-        obs = self.observe(heartbeats, live)
-        self._history.append((time.monotonic(), obs.inserted, obs.consumed))
-        while len(self._history) > 2 and self._history[1][0] < time.monotonic() - self.window:
+        self._track_incarnations(live)
+        granted = {n: g.limit for n, g in self.production.items()}
+        obs = self.observe(heartbeats, live, granted)
+        now = time.monotonic()
+        self._history.append((now, obs.inserted, obs.consumed))
+        while len(self._history) > 2 and self._history[1][0] < now - self.window:
             self._history.popleft()
         decision = self.policy.decide(obs)
         self.decisions += 1
         if self.last is None or decision.reason.split(":")[0] != self.last.reason.split(":")[0]:
             log.debug("balance: %s", decision.reason)
         self.last = decision
-        if self.config.mode == "relaxed":
-            wanted = set(decision.paused)
-            for name in sorted(wanted - self.paused):
-                if await self._send(name, PauseProduction(reason=decision.reason)):
-                    self.paused.add(name)
-                    self.commands["pause"] += 1
-            for name in sorted(self.paused - wanted):
-                self.paused.discard(name)
-                if await self._send(name, ResumeProduction(reason=decision.reason)):
-                    self.commands["resume"] += 1
+        if decision.grants is not None:
+            await self._grant_production(decision, live)
+        elif self.config.mode == "relaxed":
+            await self._pause_resume(decision)
         self.paused &= set(live)
+        self._watch(obs, heartbeats, live, now)
         if self.config.mode == "unbalanced" or decision.consume_limit is None:
             return
         # Data-parallel learners step together on equal batches: each gets an equal share.
@@ -422,6 +464,112 @@ class Balancer:
                 if await self._send(name, grant):
                     self.grants[name] = own
                     self.commands["grant"] += 1
+
+    def _track_incarnations(self, live: Mapping[str, Any]) -> None:
+        """A producer registered anew (restarted under its name) counts its fragments from
+        0 again: its grants start over."""
+        for name in list(self.production):
+            registered = getattr(live.get(name), "registered_at", None)
+            if name not in live or registered != self._incarnation.get(name):
+                self.forget(name)
+
+    async def _grant_production(self, decision: Decision, live: Mapping[str, Any]) -> None:
+        assert decision.grants is not None
+        self.paused = set(decision.paused)
+        for name, grant in sorted(decision.grants.items()):
+            ev = ProductionGranted(
+                limit=grant.limit, min_version=grant.min_version, reason=decision.reason
+            )
+            if await self._send(name, ev):
+                self.production[name] = grant
+                self._incarnation[name] = getattr(live.get(name), "registered_at", None)
+                self.commands["grant_production"] += 1
+
+    # ------------------------------------------------------------------ watchdog
+    def _watch(
+        self,
+        obs: Observation,
+        heartbeats: Mapping[str, Heartbeat],
+        live: Mapping[str, Any],
+        now: float,
+    ) -> None:
+        """Report a run in which nothing is produced and nothing consumed for
+        ``watchdog_s`` seconds while producers and a learner are up (once per stall)."""
+        produced = obs.produced or obs.inserted
+        learners_up = any(hb.role == "learner" and n in live for n, hb in heartbeats.items())
+        if (
+            self._moved is None
+            or (produced, obs.consumed) != self._moved[:2]
+            or not obs.producer_versions
+            or not learners_up
+        ):
+            if self.stalled is not None:
+                log.warning("the run moves again after %.0f s", now - self._moved[2])  # type: ignore[index]
+                self.stalled = None
+            self._moved = (produced, obs.consumed, now)
+            return
+        silent = now - self._moved[2]
+        if self.watchdog_s <= 0 or silent < self.watchdog_s:
+            return
+        state = self.stall_report(obs, heartbeats, live)
+        if self.stalled is None:
+            self.stalls += 1
+            log.warning("watchdog: no sample produced or consumed for %.0f s: %s", silent, state)
+        self.stalled = {"seconds": round(silent, 1), "state": state}
+
+    def stall_report(
+        self, obs: Observation, heartbeats: Mapping[str, Heartbeat], live: Mapping[str, Any]
+    ) -> str:
+        """Who waits for what: every producer (its grant, weights or pause), the learners
+        (held samples, grant, version) and the buffers (depth)."""
+        parts: list[str] = []
+        for name in sorted(obs.producer_versions):
+            version = obs.producer_versions[name]
+            sent = obs.fragments_sent.get(name, 0)
+            grant = self.production.get(name)
+            if grant is not None or (self.config.on_policy and self.config.mode == "relaxed"):
+                limit = grant.limit if grant else 0
+                if sent >= limit:
+                    why = f"waits for a grant (sent {sent} of {limit} granted)"
+                elif grant is not None and version < grant.min_version:
+                    why = f"waits for weights v{grant.min_version} (has v{version})"
+                else:
+                    why = f"may collect (sent {sent} of {limit} granted, v{version})"
+            elif name in self.paused:
+                why = f"paused (v{version})"
+            else:
+                why = f"not paused (v{version}, {obs.fragments_at_version.get(name, 0)} at it)"
+            parts.append(f"{name} {why}")
+        for name, hb in sorted(heartbeats.items()):
+            if name not in live:
+                continue
+            if hb.role == "learner":
+                cap = hb.gauges.get("consume_limit")
+                allowed = f", grant {cap:.0f}" if cap is not None else ""
+                parts.append(
+                    f"{name} v{hb.counters.get('learner_updates', 0)} consumed "
+                    f"{hb.counters.get('samples_consumed', 0)}{allowed}, holds "
+                    f"{hb.gauges.get('held_samples', 0):.0f} samples"
+                )
+            elif hb.role == "buffer":
+                parts.append(
+                    f"{name} holds {hb.gauges.get('size', 0):.0f} "
+                    f"({hb.gauges.get('buffered_samples', 0):.0f} samples)"
+                )
+        if self.last is not None:
+            parts.append(f"balance: {self.last.reason}")
+        return "; ".join(parts)
+
+    async def _pause_resume(self, decision: Decision) -> None:
+        wanted = set(decision.paused)
+        for name in sorted(wanted - self.paused):
+            if await self._send(name, PauseProduction(reason=decision.reason)):
+                self.paused.add(name)
+                self.commands["pause"] += 1
+        for name in sorted(self.paused - wanted):
+            self.paused.discard(name)
+            if await self._send(name, ResumeProduction(reason=decision.reason)):
+                self.commands["resume"] += 1
 
     def rates(self) -> tuple[float, float]:
         """Samples inserted and consumed per second over the last ``window`` seconds."""
@@ -453,6 +601,9 @@ class Balancer:
             if hb.role == "actor"
         }
         wait = sum(hb.gauges.get("waiting_s", 0.0) for hb in heartbeats.values())
+        learners = [hb for hb in heartbeats.values() if hb.role == "learner"]
+        idle = sum(hb.gauges.get("idle_s", 0.0) for hb in learners)
+        busy = sum(hb.gauges.get("update_s", 0.0) for hb in learners)
         return {
             "mode": self.config.mode,
             "samples_inserted": obs.inserted,
@@ -466,11 +617,19 @@ class Balancer:
             "pause_s": pause,
             "pause_s_total": round(sum(pause.values()), 3),
             "learner_wait_s": round(wait, 3),
+            "learner_idle_s": round(idle, 3),
+            "learner_update_s": round(busy, 3),
             "dropped": dropped_by_reason(heartbeats),
             "lag": lag_summary(heartbeats),
             "decisions": self.decisions,
             "commands": dict(self.commands),
             "last_decision": self.last.reason if self.last is not None else None,
+            "production_grants": {
+                n: {"limit": g.limit, "min_version": g.min_version}
+                for n, g in sorted(self.production.items())
+            },
+            "stalled": self.stalled,
+            "stalls": self.stalls,
         }
 
 

@@ -36,6 +36,7 @@ __all__ = [
     "GradientsShared",
     "Heartbeat",
     "PauseProduction",
+    "ProductionGranted",
     "PrioritiesUpdated",
     "PublishersChanged",
     "RegisterService",
@@ -250,6 +251,17 @@ class PauseProduction(Event):
 class ResumeProduction(Event):
     """Command a paused producer to continue."""
 
+    reason: str
+
+
+@event
+class ProductionGranted(Event):
+    """Command an on-policy producer: it may have sent ``limit`` fragments in all (counted
+    from its start) and starts each one only once it holds weights of ``min_version`` or
+    newer. A grant replaces the previous one; ``limit`` never decreases."""
+
+    limit: int
+    min_version: int
     reason: str
 
 

@@ -18,6 +18,7 @@ from tianji.events import (
     ObservationsReady,
     ParamsPublished,
     PauseProduction,
+    ProductionGranted,
     ResumeProduction,
     TrajectoryCollected,
 )
@@ -149,8 +150,11 @@ class ActorService(Service):
         self.sent_at_version = 0
         self.on_policy = self.algo.buffer_spec().kind == "rollout"
         mode = self.config.controller.mode
+        # On-policy relaxed: the controller grants every fragment (ProductionGranted).
+        self.granted = self.on_policy and mode == "relaxed"
+        self.grant = ProductionGranted(limit=0, min_version=0, reason="no grant yet")
         self.fragments_per_version = {"sync": 1, "unbalanced": 0}.get(
-            mode, self.config.actors.max_fragments_per_version
+            mode, 0 if self.granted else self.config.actors.max_fragments_per_version
         )
         self.paused_by: str | None = None  # the controller's reason while paused
         self._pending: ParamsPublished | None = None
@@ -174,6 +178,12 @@ class ActorService(Service):
         elif isinstance(ev, ResumeProduction):
             self.paused_by = None
             self._wake.set()
+        elif isinstance(ev, ProductionGranted):
+            if ev.limit >= self.grant.limit:  # a late, older grant changes nothing
+                self.grant = ev
+                self.gauges["grant_limit"] = ev.limit
+                self.gauges["grant_min_version"] = ev.min_version
+                self._wake.set()
         else:
             await super().on_control(ev)
 
@@ -215,13 +225,19 @@ class ActorService(Service):
             self.report_soon()
 
     def _must_wait(self) -> bool:
-        """Paused by the controller, or this version produced its share of fragments.
+        """Paused by the controller, this version produced its share of fragments, or
+        (on-policy relaxed) no fragment granted or the weights older than the grant's.
 
-        The per-version share (``sync`` mode: one fragment; ``relaxed``:
+        The per-version share (``sync`` mode: one fragment; ``relaxed`` off-policy:
         ``actors.max_fragments_per_version``) applies off-policy only once the learner has
         updated: until then the replay buffer must fill, and waiting would deadlock.
         """
         if self.paused_by is not None:
+            return True
+        if self.granted and (
+            self.counters["fragments_sent"] >= self.grant.limit
+            or self.policy_version < self.grant.min_version
+        ):
             return True
         limit = self.fragments_per_version
         learning = self.on_policy or self.policy_version > 0
@@ -264,6 +280,7 @@ class ActorService(Service):
                 produced = transitions(samples)
                 self.counters["env_steps"] += steps
                 self.counters["samples_produced"] += produced
+                self.counters["fragments_sent"] += 1  # in the same heartbeat as the samples
                 self.counters["episodes"] += len(returns)
                 delivered = await self.publish(
                     TrajectoryCollected(actor=self.name, policy_version=version, arrays=samples),

@@ -125,7 +125,9 @@ class LearnerService(Service):
         self.received_from = dict.fromkeys(self.shards, 0)  # batches got from each shard
         self._held = 0  # samples received and not yet consumed or dropped (queued, training)
         self.gauges["held_samples"] = 0.0
-        self.gauges["waiting_s"] = 0.0
+        self.gauges["waiting_s"] = 0.0  # for the controller's consumption grant
+        self.gauges["idle_s"] = 0.0  # for a batch (none buffered)
+        self.gauges["update_s"] = 0.0  # in updates
         self.subscribe(batches_topic(name), self.on_batch)
         self._restored: asyncio.Event | None = None
         if restore:
@@ -307,6 +309,7 @@ class LearnerService(Service):
         await self.publish(
             ParamsPublished(policy_version=self.version, weights=weights), LEARNER_PARAMS
         )
+        self.gauges["params_version"] = float(self.version)  # the controller grants on it
 
     async def main(self) -> None:
         import torch
@@ -341,13 +344,21 @@ class LearnerService(Service):
 
     async def _next_batch(self) -> SampleBatch:
         """The next batch; while none comes, the cumulative request is repeated every
-        ``REPEAT_S`` (harmless if it had arrived; makes good a request lost on a link)."""
-        while True:
-            try:
-                return await asyncio.wait_for(self._batches.get(), self.REPEAT_S)
-            except TimeoutError:
-                self.counters["requests_repeated"] += 1
-                await self._request(0)
+        ``REPEAT_S`` (harmless if it had arrived; makes good a request lost on a link).
+        Time spent waiting for it is the gauge ``idle_s`` (the learner starved of data)."""
+        if not self._batches.empty():
+            return self._batches.get_nowait()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            while True:
+                try:
+                    return await asyncio.wait_for(self._batches.get(), self.REPEAT_S)
+                except TimeoutError:
+                    self.counters["requests_repeated"] += 1
+                    await self._request(0)
+        finally:
+            self.gauges["idle_s"] += loop.time() - started
 
     REPEAT_S = 2.0
 
@@ -383,7 +394,9 @@ class LearnerService(Service):
             return
         self.lag.add(lags)
         self._updating = True  # stays set if cancelled: the thread may still be updating
+        started = asyncio.get_running_loop().time()
         result = await asyncio.to_thread(self.algo.update, batch.arrays)
+        self.gauges["update_s"] += asyncio.get_running_loop().time() - started
         self._updating = False
         self.version += 1
         self.counters["learner_updates"] = self.version
