@@ -60,7 +60,12 @@ class MAPPOConfig:
     lr: float = 7e-4
     """Adam learning rate (actor and critic)."""
     lr_anneal_updates: int = 0
-    """Learner updates over which the learning rate decays linearly to 0 (0: constant)."""
+    """Learner updates over which the learning rate decays linearly to ``lr * lr_floor``
+    (0: constant)."""
+    lr_floor: float = 0.0
+    """The share of ``lr`` the annealed rate keeps for good (0..1). With 0 the rate
+    reaches 0 at ``lr_anneal_updates`` and a run that has not converged by then cannot
+    any more (the learner warns when it happens); a floor keeps every run learning."""
     gamma: float = 0.99
     """Discount factor per environment step."""
     gae_lambda: float = 0.95
@@ -104,7 +109,7 @@ class MAPPOConfig:
             raise ConfigError(
                 "algorithm.buffer_capacity", self.buffer_capacity, "at least fragments_per_batch"
             )
-        for key in ("gamma", "gae_lambda"):
+        for key in ("gamma", "gae_lambda", "lr_floor"):
             if not 0.0 <= getattr(self, key) <= 1.0:
                 raise ConfigError(f"algorithm.{key}", getattr(self, key), "a number in [0, 1]")
 
@@ -254,7 +259,7 @@ class MAPPO:
         c = self.config
         flat = self._prepare(batch)
         if c.lr_anneal_updates > 0:
-            lr = annealed_lr(c.lr, self.version, c.lr_anneal_updates)
+            lr = annealed_lr(c.lr, self.version, c.lr_anneal_updates, c.lr_floor)
             self.optimizer.param_groups[0]["lr"] = lr
         totals: dict[str, float] = {}
         steps = 0

@@ -62,7 +62,12 @@ class PPOConfig:
     lr: float = 2.5e-4
     """Adam learning rate."""
     lr_anneal_updates: int = 0
-    """Learner updates over which the learning rate decays linearly to 0 (0: constant)."""
+    """Learner updates over which the learning rate decays linearly to ``lr * lr_floor``
+    (0: constant)."""
+    lr_floor: float = 0.0
+    """The share of ``lr`` the annealed rate keeps for good (0..1). With 0 the rate
+    reaches 0 at ``lr_anneal_updates`` and a run that has not converged by then cannot
+    any more (the learner warns when it happens); a floor keeps every run learning."""
     gamma: float = 0.99
     """Discount factor per environment step."""
     gae_lambda: float = 0.95
@@ -107,7 +112,7 @@ class PPOConfig:
             raise ConfigError(
                 "algorithm.buffer_capacity", self.buffer_capacity, "at least fragments_per_batch"
             )
-        for key in ("gamma", "gae_lambda"):
+        for key in ("gamma", "gae_lambda", "lr_floor"):
             if not 0.0 <= getattr(self, key) <= 1.0:
                 raise ConfigError(f"algorithm.{key}", getattr(self, key), "a number in [0, 1]")
 
@@ -212,11 +217,12 @@ def explained_variance(returns: torch.Tensor, values: torch.Tensor) -> float:
     return float("nan") if var == 0 else 1.0 - (returns - values).var().item() / var
 
 
-def annealed_lr(lr: float, version: int, anneal_updates: int) -> float:
-    """``lr`` decayed linearly to 0 over ``anneal_updates`` updates (0: constant)."""
+def annealed_lr(lr: float, version: int, anneal_updates: int, floor: float = 0.0) -> float:
+    """``lr`` decayed linearly to ``lr * floor`` over ``anneal_updates`` updates (0:
+    constant)."""
     if anneal_updates <= 0:
         return lr
-    return lr * max(0.0, 1.0 - version / anneal_updates)
+    return lr * max(floor, 1.0 - version / anneal_updates)
 
 
 def _flat(x: np.ndarray) -> np.ndarray:
@@ -529,7 +535,7 @@ class PPO:
     def _anneal_lr(self) -> None:
         c = self.config
         if c.lr_anneal_updates > 0:
-            lr = annealed_lr(c.lr, self.version, c.lr_anneal_updates)
+            lr = annealed_lr(c.lr, self.version, c.lr_anneal_updates, c.lr_floor)
             self.optimizer.param_groups[0]["lr"] = lr
 
     def _batch_metrics(self, flat: Mapping[str, torch.Tensor]) -> dict[str, float]:

@@ -18,6 +18,7 @@ from tianji.algorithms.ppo import (
 )
 
 from tianji.core import Algorithm
+from tianji.errors import ConfigError
 
 GAMMA, LAM = 0.9, 0.5
 
@@ -168,3 +169,15 @@ def test_check_spaces() -> None:
     assert message is not None and "Discrete(4)" in message and "observation" in message
     message = PPO.check_spaces(box, gym.spaces.MultiBinary(3))
     assert message is not None and "MultiBinary" in message
+
+
+def test_an_annealed_learning_rate_keeps_its_floor() -> None:
+    from tianji.algorithms.ppo import annealed_lr
+
+    assert annealed_lr(1e-3, 0, 200) == 1e-3
+    assert annealed_lr(1e-3, 100, 200) == pytest.approx(5e-4)
+    assert annealed_lr(1e-3, 400, 200) == 0.0  # no floor: learning stops
+    assert annealed_lr(1e-3, 400, 200, floor=0.2) == pytest.approx(2e-4)
+    assert annealed_lr(1e-3, 50, 200, floor=0.2) == pytest.approx(7.5e-4)
+    with pytest.raises(ConfigError, match="lr_floor"):
+        PPO.Config(lr_floor=1.5)

@@ -257,6 +257,18 @@ def test_the_plain_line_keeps_its_fields() -> None:
     assert "return(last 20)       - |" in empty and "lag    - |" in empty
 
 
+def test_a_stalled_run_says_so_in_the_line_and_the_table() -> None:
+    stalled = {"seconds": 31.4, "state": "actor-0 waits for a grant (sent 4 of 4 granted)"}
+    controller = {**(_snapshot().controller or {}), "stalled": stalled}
+    snap = _snapshot(controller=controller)
+    line = progress.plain_line(snap)
+    assert line.endswith("| STALLED 31s: actor-0 waits for a grant (sent 4 of 4 granted)"), line
+    out = io.StringIO()
+    Console(file=out, force_terminal=False, width=200).print(progress.render(snap, "run"))
+    assert "stalled" in out.getvalue() and "31 s: actor-0 waits for a grant" in out.getvalue()
+    assert "STALLED" not in progress.plain_line(_snapshot())
+
+
 def test_rows_and_scalars_come_from_the_same_numbers() -> None:
     snap = _snapshot()
     row = progress.metrics_row(snap)

@@ -237,6 +237,11 @@ def plain_line(s: Snapshot) -> str:
         line += f" | in/out {produced:6.0f}/{consumed:6.0f} per s | paused {paused}"
     if s.services_total:
         line += f" | services {s.services_up}/{s.services_total} up{_unhealthy(s, ', ')}"
+    if s.learner.get("lr") == 0.0:
+        line += " | lr 0: learning stopped"
+    stalled = s.controller.get("stalled") if s.controller is not None else None
+    if stalled:
+        line += f" | STALLED {stalled['seconds']:.0f}s: {stalled['state']}"
     return line
 
 
@@ -312,6 +317,8 @@ def render(s: Snapshot, title: str = "tianji") -> Table:
     table.add_row("updates", f"{s.updates:,} ({s.updates_per_s:,.1f}/s)")
     table.add_row(f"return (last {s.window})", ret)
     table.add_row("policy lag", lag)
+    if s.learner.get("lr") == 0.0:
+        table.add_row("[red]learning rate[/red]", "0: the policy no longer learns")
     table.add_row("buffer", _fill(s))
     c = s.controller
     if c is not None:
@@ -319,6 +326,11 @@ def render(s: Snapshot, title: str = "tianji") -> Table:
         flow = f"{c['production_per_s']:,.0f} / {c['consumption_per_s']:,.0f} samples/s"
         table.add_row("in / out", flow + ratio)
         table.add_row("paused", ", ".join(c["paused_now"]) or "none")
+        if c.get("stalled"):
+            stalled = c["stalled"]
+            table.add_row(
+                "[red]stalled[/red]", escape(f"{stalled['seconds']:.0f} s: {stalled['state']}")
+            )
     if s.services_total:
         healthy = s.services_up == s.services_total
         style = "green" if healthy else "red"

@@ -379,6 +379,20 @@ class LearnerService(Service):
             )
             await self.publish(ev, REQUESTS)
 
+    def _check_lr(self, lr: float | None) -> None:
+        """Say so, once, when the algorithm's learning rate reached 0: from then on the
+        policy no longer changes, and a run short of its target cannot reach it."""
+        if lr is None or lr > 0 or "lr_zero_at_update" in self.counters:
+            return
+        self.counters["lr_zero_at_update"] = self.version
+        log.warning(
+            "%s: the learning rate reached 0 at update %d: the policy no longer learns "
+            "(an annealed schedule ended; set algo.lr_floor > 0 or a longer "
+            "algo.lr_anneal_updates)",
+            self.name,
+            self.version,
+        )
+
     async def _learn(self, batch: SampleBatch) -> None:
         n = int(batch.policy_versions.size)
         await self._wait_for_grant(n)
@@ -405,6 +419,7 @@ class LearnerService(Service):
         for key, count in self.lag.as_counters().items():
             self.counters[key] = count
         self.gauges.update(result.metrics)
+        self._check_lr(result.metrics.get("lr"))
         self.gauges["policy_lag_mean"] = float(lags.mean()) if n else 0.0
         if self.allreduce is not None:
             self.gauges["allreduce_wait_s"] = self.allreduce.wait_s

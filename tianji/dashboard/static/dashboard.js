@@ -132,6 +132,12 @@ function drawStatus(s) {
   state.textContent = s.state + (s.stop_reason ? " (" + s.stop_reason + ")" : "");
   state.className = "state " + s.state;
   document.getElementById("run").textContent = "run " + s.run_id + ", " + fmt(s.elapsed_s) + " s";
+  const stalled = s.controller && s.controller.stalled;
+  const banner = document.getElementById("stalled");
+  banner.hidden = !stalled;
+  banner.textContent = stalled
+    ? "Stalled: nothing produced or consumed for " + fmt(stalled.seconds) + " s. " + stalled.state
+    : "";
   const box = document.getElementById("counters");
   box.replaceChildren();
   const dropped = Object.values(s.counters.samples_dropped).reduce((a, b) => a + b, 0);
