@@ -9,8 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from tianji.bench.train import Plan, aggregate, markdown, run_config
+from tianji.bench.train import (
+    Plan,
+    aggregate,
+    markdown,
+    parse_counts,
+    parse_seeds,
+    run_config,
+    waste_and_waits,
+)
 from tianji.config import RunConfig, build_dataclass, load_config, to_dict
+from tianji.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,13 +41,74 @@ def test_sync_ppo_gets_a_batch_of_one_fragment_per_actor() -> None:
 def test_runs_are_interleaved_and_rotate_the_system_order() -> None:
     runs = Plan(("ppo",), ("relaxed", "sync", "sb3"), (0, 1), 60.0).runs()
     assert runs == [
-        (0, "ppo", "relaxed"),
-        (0, "ppo", "sync"),
-        (0, "ppo", "sb3"),
-        (1, "ppo", "sync"),
-        (1, "ppo", "sb3"),
-        (1, "ppo", "relaxed"),
+        (0, "ppo", "relaxed", None),
+        (0, "ppo", "sync", None),
+        (0, "ppo", "sb3", None),
+        (1, "ppo", "sync", None),
+        (1, "ppo", "sb3", None),
+        (1, "ppo", "relaxed", None),
     ]
+    scaled = Plan(("ppo",), ("relaxed",), (0,), 60.0, actors=(1, 8)).runs()
+    assert scaled == [(0, "ppo", "relaxed", 1), (0, "ppo", "relaxed", 8)]
+
+
+def test_actor_counts_and_a_slow_env_change_only_what_they_name() -> None:
+    base = run_config("ppo", "relaxed", 0, 60.0)
+    eight = run_config("ppo", "relaxed", 0, 60.0, actors=8, env_step_ms=2.0)
+    assert eight["actors"]["count"] == 8
+    assert eight["env"] == {
+        "id": "tianji.bench.envs:DelayedEnv",
+        "kwargs": {"env_id": "CartPole-v1", "step_ms": 2.0},
+    }
+    assert {k: v for k, v in eight.items() if k not in ("actors", "env")} == {
+        k: v for k, v in base.items() if k not in ("actors", "env")
+    }
+    sync = run_config("ppo", "sync", 0, 60.0, actors=8)
+    assert sync["algo"]["fragments_per_batch"] == 8 and sync["algo"]["buffer_capacity"] >= 16
+    build_dataclass(RunConfig, eight, "")  # a valid run config
+
+
+def test_seed_and_actor_lists_parse_or_name_the_bad_text() -> None:
+    assert parse_seeds("3") == (0, 1, 2) and parse_seeds("3-5") == (3, 4, 5)
+    assert parse_seeds("0,4") == (0, 4)
+    assert parse_counts("--actors", "") == (None,)
+    assert parse_counts("--actors", "1,2,32") == (1, 2, 32)
+    with pytest.raises(ConfigError, match="x"):
+        parse_seeds("x")
+    with pytest.raises(ConfigError, match="--actors"):
+        parse_counts("--actors", "0,2")
+
+
+def test_a_delayed_env_takes_its_time_and_refuses_a_bad_delay() -> None:
+    import time
+
+    from tianji.bench.envs import DelayedEnv
+
+    env = DelayedEnv("CartPole-v1", step_ms=20.0)
+    env.reset(seed=0)
+    started = time.perf_counter()
+    env.step(0)
+    assert time.perf_counter() - started >= 0.02
+    with pytest.raises(ConfigError, match="step_ms"):
+        DelayedEnv("CartPole-v1", step_ms=0)
+
+
+def test_waste_and_waits_come_from_the_run_summary() -> None:
+    summary = {
+        "accounting": {"produced": 1000, "dropped": {"stale": 10, "evicted": 5}},
+        "controller": {
+            "pause_s": {"actor-0": 1.0, "actor-1": 3.0},
+            "learner_idle_s": 0.5,
+            "learner_update_s": 9.0,
+        },
+    }
+    assert waste_and_waits(summary) == {
+        "stale_pct": 1.0,
+        "evicted_pct": 0.5,
+        "actor_pause_s": 2.0,
+        "learner_idle_s": 0.5,
+        "learner_update_s": 9.0,
+    }
 
 
 def _run(system: str, seed: int, t: float | None, rate: float) -> dict:
@@ -86,7 +156,7 @@ def test_medians_count_a_missed_target_as_slower_than_any_hit_and_ratios_follow(
             "command": "tianji bench train",
         }
     )
-    assert "| ppo | relaxed | 2/3 | 12.0 (10.0-12.0)" in table and "| ppo | 0.40 |" in table
+    assert "| ppo | relaxed | — | 2/3 | 12.0 (10.0-12.0)" in table and "| ppo | 0.40 |" in table
 
 
 def test_unknown_systems_are_refused_with_the_known_ones() -> None:
@@ -133,3 +203,20 @@ def test_a_tianji_benchmark_run_reports_its_figures(tmp_path: Path) -> None:
     assert run["controller"]["mode"] == "relaxed"
     assert (tmp_path / "train.md").read_text().startswith("| algorithm | system |")
     assert json.loads((tmp_path / "train.json").read_text())["runs"] == report["runs"]
+
+
+def test_several_actor_counts_get_a_cell_and_a_ratio_each() -> None:
+    results = [
+        {**_run(system, 0, t, 1000), "actors": n, "stale_pct": 0.0, "evicted_pct": 0.0}
+        for n, system, t in [(1, "relaxed", 20.0), (1, "sync", 30.0), (8, "relaxed", 10.0)]
+    ]
+    results[2]["stale_pct"] = 1.5
+    agg = aggregate(results, 60.0)
+    assert set(agg["cells"]) == {"ppo/relaxed/1", "ppo/sync/1", "ppo/relaxed/8"}
+    assert agg["cells"]["ppo/relaxed/8"]["stale_pct"] == 1.5
+    assert agg["ratios"]["ppo/1"]["time_relaxed_over_sync"] == round(20 / 30, 3)
+    assert agg["ratios"]["ppo/8"]["time_relaxed_over_sync"] is None
+    machine = {"cpus": 2, "cpu": "x", "python": "3.11", "torch": "2", "stable_baselines3": None}
+    table = markdown({"aggregate": agg, "machine": machine, "seeds": [0], "command": "c"})
+    assert "| ppo | relaxed | 8 | 1/1 | 10.0 (10.0-10.0)" in table
+    assert "| ppo | relaxed | 8 | 1.50 | 0.00 |" in table

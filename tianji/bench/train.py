@@ -6,8 +6,12 @@ One invocation runs, interleaved seed by seed, every (algorithm, system) pair: t
 with the RL Zoo's hyperparameters (:mod:`tianji.bench.sb3`). Every run is a fresh process.
 It prints a progress line per run, then a markdown table with the median and spread of
 time-to-target, env steps to target, env steps per second and final return, and the
-ratios tianji/SB3 and relaxed/sync; ``--out DIR`` also writes ``train.json`` and
-``train.md``.
+ratios tianji/SB3 and relaxed/sync, and a second table of where each mode spent its time
+(stale and evicted samples, actor pause, learner idle and busy time); ``--out DIR`` also
+writes ``train.json`` and ``train.md``. ``--actors 1,2,4,...`` repeats every run for each
+actor count (the controller at scale); ``--env-step-ms X`` makes every env step take X ms
+more (:class:`tianji.bench.envs.DelayedEnv`: an expensive env, where what relaxing the
+actor/learner dependency buys shows even on a small machine; SB3 is not run then).
 
 Time-to-target is wall-clock from launching the run's process to the moment the mean return
 of the last 20 training episodes reached the target, for both systems: it includes Python
@@ -78,6 +82,9 @@ CONFIGS: dict[str, dict[str, Any]] = {
 }
 """tianji's benchmark run configs (a test keeps them equal to the examples)."""
 
+WASTE_KEYS = ("stale_pct", "evicted_pct", "actor_pause_s", "learner_idle_s", "learner_update_s")
+"""Per run (tianji only): see :func:`waste_and_waits`."""
+
 KEYS = (
     "time_to_target_s",
     "target_reached_unix",
@@ -98,37 +105,70 @@ class Plan:
     systems: tuple[str, ...]
     seeds: tuple[int, ...]
     max_seconds: float
+    actors: tuple[int | None, ...] = (None,)
+    """Actor counts to run (``None``: the example's)."""
+    env_step_ms: float = 0.0
 
-    def runs(self) -> list[tuple[int, str, str]]:
-        """(seed, algo, system), interleaved; the system order rotates with the seed so no
-        system always runs first (or right after a heavy one)."""
+    def runs(self) -> list[tuple[int, str, str, int | None]]:
+        """(seed, algo, system, actors), interleaved; the system order rotates with the
+        seed so no system always runs first (or right after a heavy one)."""
         out = []
         for i, seed in enumerate(self.seeds):
             k = i % len(self.systems)
             order = self.systems[k:] + self.systems[:k]
-            out += [(seed, algo, system) for algo in self.algos for system in order]
+            out += [
+                (seed, algo, system, n)
+                for n in self.actors
+                for algo in self.algos
+                for system in order
+            ]
         return out
 
 
-def run_config(algo: str, mode: str, seed: int, max_seconds: float) -> dict[str, Any]:
-    """The tianji run config (as data) of one benchmark run."""
+def run_config(
+    algo: str,
+    mode: str,
+    seed: int,
+    max_seconds: float,
+    actors: int | None = None,
+    env_step_ms: float = 0.0,
+) -> dict[str, Any]:
+    """The tianji run config (as data) of one benchmark run: the example's, with
+    ``actors`` actor processes and every env step ``env_step_ms`` ms longer if given."""
     data: dict[str, Any] = json.loads(json.dumps(CONFIGS[algo]))
     data["seed"] = seed
     data["controller"]["mode"] = mode
+    if actors is not None:
+        data["actors"]["count"] = actors
+    if env_step_ms > 0:
+        env_id = data["env"]["id"]
+        data["env"] = {
+            "id": "tianji.bench.envs:DelayedEnv",
+            "kwargs": {"env_id": env_id, "step_ms": env_step_ms},
+        }
     if mode == "sync" and algo == "ppo":  # the learner's batch: one fragment per actor
         data["algo"]["fragments_per_batch"] = data["actors"]["count"]
+        capacity = data["algo"].get("buffer_capacity", 8)
+        data["algo"]["buffer_capacity"] = max(capacity, 2 * data["actors"]["count"])
     data["stop"] = {"target_return": TARGETS[algo], "max_seconds": max_seconds}
     return data
 
 
-def _run_one(seed: int, algo: str, system: str, max_seconds: float) -> dict[str, Any]:
+def _run_one(
+    seed: int,
+    algo: str,
+    system: str,
+    max_seconds: float,
+    actors: int | None = None,
+    env_step_ms: float = 0.0,
+) -> dict[str, Any]:
     if system == "sb3":
         cmd = [sys.executable, "-m", "tianji.bench.sb3", algo, "--seed", str(seed)]
         cmd += ["--target-return", str(TARGETS[algo]), "--max-seconds", str(max_seconds)]
         stdin = None
     else:
         cmd = [sys.executable, "-m", "tianji.bench.train", "--worker"]
-        stdin = json.dumps(run_config(algo, system, seed, max_seconds))
+        stdin = json.dumps(run_config(algo, system, seed, max_seconds, actors, env_step_ms))
     launched = time.time()
     proc = subprocess.run(
         cmd,
@@ -144,6 +184,9 @@ def _run_one(seed: int, algo: str, system: str, max_seconds: float) -> dict[str,
         return {"system": system, "algorithm": algo, "seed": seed, "error": "\n".join(tail)}
     result: dict[str, Any] = json.loads(lines[-1])
     result.update(system=system, algorithm=algo, seed=seed)
+    if system != "sb3":
+        result["actors"] = actors or CONFIGS[algo]["actors"]["count"]
+        result.update(waste_and_waits(result))
     reached = result.get("target_reached_unix")
     result["launch_to_target_s"] = round(reached - launched, 3) if reached else None
     if not reached:  # keep the run's warnings for a look at why
@@ -169,6 +212,28 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def waste_and_waits(summary: dict[str, Any]) -> dict[str, float | None]:
+    """Where a tianji run spent its samples and its time, from its summary: stale and
+    evicted samples (% of those produced), actor pause (s, mean per actor), learner idle
+    (waiting for a batch) and busy (in updates) seconds."""
+    acc = summary.get("accounting") or {}
+    ctl = summary.get("controller") or {}
+    produced = acc.get("produced") or 0
+    dropped = acc.get("dropped") or {}
+
+    def pct(reason: str) -> float | None:
+        return round(100.0 * dropped.get(reason, 0) / produced, 2) if produced else None
+
+    pauses = list((ctl.get("pause_s") or {}).values())
+    return {
+        "stale_pct": pct("stale"),
+        "evicted_pct": pct("evicted"),
+        "actor_pause_s": round(statistics.mean(pauses), 2) if pauses else None,
+        "learner_idle_s": ctl.get("learner_idle_s"),
+        "learner_update_s": ctl.get("learner_update_s"),
+    }
+
+
 def aggregate(results: list[dict[str, Any]], max_seconds: float) -> dict[str, Any]:
     """Per (algorithm, system): medians and spreads; then the ratios the targets name.
 
@@ -176,45 +241,66 @@ def aggregate(results: list[dict[str, Any]], max_seconds: float) -> dict[str, An
     most runs missed); spreads are over the runs that reached it.
     """
     cells: dict[str, dict[str, Any]] = {}
-    for algo in sorted({r["algorithm"] for r in results}):
-        for system in SYSTEMS:
-            runs = [r for r in results if r["algorithm"] == algo and r["system"] == system]
-            if not runs:
-                continue
-            ok = [r for r in runs if r.get("launch_to_target_s") is not None]
-            times = [r["launch_to_target_s"] for r in ok]
-            censored = sorted(times + [float("inf")] * (len(runs) - len(ok)))
-            median_time = statistics.median(censored)
-            rates = [r["env_steps_per_s_running"] for r in runs if r.get("env_steps_per_s_running")]
-            finals = [r["final_return"] for r in runs if r.get("final_return") is not None]
-            cells[f"{algo}/{system}"] = {
-                "runs": len(runs),
-                "reached": len(ok),
-                "errors": [r["error"] for r in runs if "error" in r],
-                "time_to_target_median_s": None if median_time == float("inf") else median_time,
-                "time_to_target_range_s": [min(times), max(times)] if times else None,
-                "steps_to_target_median": _median([r["env_steps_to_target"] for r in ok]),
-                "env_steps_per_s_median": _median(rates),
-                "final_return_median": _median(finals),
-            }
+    counts = sorted({r["actors"] for r in results if r.get("actors") is not None})
+    several = len(counts) > 1
+    groups = [
+        (algo, system, n)
+        for algo in sorted({r["algorithm"] for r in results})
+        for n in (counts or [None])
+        for system in SYSTEMS
+        if not (several and system == "sb3" and n != counts[0])  # SB3 has no actors
+    ]
+    for algo, system, n in groups:
+        runs = [
+            r
+            for r in results
+            if r["algorithm"] == algo
+            and r["system"] == system
+            and (system == "sb3" or n is None or r.get("actors") == n)
+        ]
+        if not runs:
+            continue
+        ok = [r for r in runs if r.get("launch_to_target_s") is not None]
+        times = [r["launch_to_target_s"] for r in ok]
+        censored = sorted(times + [float("inf")] * (len(runs) - len(ok)))
+        median_time = statistics.median(censored)
+        rates = [r["env_steps_per_s_running"] for r in runs if r.get("env_steps_per_s_running")]
+        finals = [r["final_return"] for r in runs if r.get("final_return") is not None]
+        key = f"{algo}/{system}" + (f"/{n}" if several and system != "sb3" else "")
+        cells[key] = {
+            "actors": None if system == "sb3" else n,
+            "runs": len(runs),
+            "reached": len(ok),
+            "errors": [r["error"] for r in runs if "error" in r],
+            "time_to_target_median_s": None if median_time == float("inf") else median_time,
+            "time_to_target_range_s": [min(times), max(times)] if times else None,
+            "steps_to_target_median": _median([r["env_steps_to_target"] for r in ok]),
+            "env_steps_per_s_median": _median(rates),
+            "final_return_median": _median(finals),
+            **{k: _median([r[k] for r in runs if r.get(k) is not None]) for k in WASTE_KEYS},
+        }
 
-    def ratio(algo: str, a: str, b: str, key: str) -> float | None:
-        x = cells.get(f"{algo}/{a}", {}).get(key)
-        y = cells.get(f"{algo}/{b}", {}).get(key)
+    def ratio(algo: str, a: str, b: str, key: str, n: int | None) -> float | None:
+        def cell(system: str) -> dict[str, Any]:
+            suffix = f"/{n}" if several and system != "sb3" else ""
+            return cells.get(f"{algo}/{system}{suffix}", {})
+
+        x, y = cell(a).get(key), cell(b).get(key)
         return round(x / y, 3) if x is not None and y else None
 
     ratios = {
-        algo: {
-            "time_relaxed_over_sb3": ratio(algo, "relaxed", "sb3", "time_to_target_median_s"),
-            "time_relaxed_over_sync": ratio(algo, "relaxed", "sync", "time_to_target_median_s"),
+        algo + (f"/{n}" if several else ""): {
+            "time_relaxed_over_sb3": ratio(algo, "relaxed", "sb3", "time_to_target_median_s", n),
+            "time_relaxed_over_sync": ratio(algo, "relaxed", "sync", "time_to_target_median_s", n),
             "steps_per_s_relaxed_over_sync": ratio(
-                algo, "relaxed", "sync", "env_steps_per_s_median"
+                algo, "relaxed", "sync", "env_steps_per_s_median", n
             ),
             "time_unbalanced_over_relaxed": ratio(
-                algo, "unbalanced", "relaxed", "time_to_target_median_s"
+                algo, "unbalanced", "relaxed", "time_to_target_median_s", n
             ),
         }
         for algo in sorted({r["algorithm"] for r in results})
+        for n in (counts or [None])
     }
     return {"cells": cells, "ratios": ratios, "max_seconds": max_seconds}
 
@@ -251,19 +337,19 @@ def _fmt(x: float | None, spec: str = ".1f") -> str:
 
 
 def markdown(report: dict[str, Any]) -> str:
-    """The report as a markdown table plus the ratios."""
+    """The report as markdown tables: time to target, the ratios, waste and waiting."""
     agg = report["aggregate"]
     lines = [
-        "| algorithm | system | reached | time to target from launch, median (range) s "
-        "| env steps to target | env steps/s | final return |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| algorithm | system | actors | reached | time to target from launch, median "
+        "(range) s | env steps to target | env steps/s | final return |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for key, c in agg["cells"].items():
-        algo, system = key.split("/")
+        algo, system = key.split("/")[:2]
         spread = c["time_to_target_range_s"]
         span = f" ({spread[0]:.1f}-{spread[1]:.1f})" if spread else ""
         lines.append(
-            f"| {algo} | {system} | {c['reached']}/{c['runs']} "
+            f"| {algo} | {system} | {_fmt(c.get('actors'), 'd')} | {c['reached']}/{c['runs']} "
             f"| {_fmt(c['time_to_target_median_s'])}{span} "
             f"| {_fmt(c['steps_to_target_median'], ',.0f')} "
             f"| {_fmt(c['env_steps_per_s_median'], ',.0f')} "
@@ -282,12 +368,30 @@ def markdown(report: dict[str, Any]) -> str:
             f"| {_fmt(r['steps_per_s_relaxed_over_sync'], '.2f')} "
             f"| {_fmt(r['time_unbalanced_over_relaxed'], '.2f')} |"
         )
+    lines += [
+        "",
+        "| algorithm | system | actors | stale % | evicted % | actor pause s (mean) "
+        "| learner idle s | learner busy s |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for key, c in agg["cells"].items():
+        algo, system = key.split("/")[:2]
+        if system == "sb3":
+            continue
+        lines.append(
+            f"| {algo} | {system} | {_fmt(c.get('actors'), 'd')} "
+            f"| {_fmt(c.get('stale_pct'), '.2f')} | {_fmt(c.get('evicted_pct'), '.2f')} "
+            f"| {_fmt(c.get('actor_pause_s'))} | {_fmt(c.get('learner_idle_s'))} "
+            f"| {_fmt(c.get('learner_update_s'))} |"
+        )
     m = report["machine"]
+    delay = report.get("env_step_ms") or 0
+    env = f"; every env step {delay:g} ms longer (DelayedEnv)" if delay else ""
     lines += [
         "",
         f"Machine: {m['cpus']} CPUs ({m['cpu']}), Python {m['python']}, torch {m['torch']}, "
         f"SB3 {m['stable_baselines3']}; seeds {report['seeds']}, budget "
-        f"{agg['max_seconds']:.0f} s per run; command: `{report['command']}`.",
+        f"{agg['max_seconds']:.0f} s per run{env}; command: `{report['command']}`.",
     ]
     return "\n".join(lines) + "\n"
 
@@ -300,8 +404,16 @@ def run_bench(
     max_seconds: float,
     out_dir: str | None,
     command: str,
+    actors: tuple[int | None, ...] = (None,),
+    env_step_ms: float = 0.0,
 ) -> dict[str, Any]:
     """Run the plan, printing progress to stderr; return (and write) the report."""
+    if env_step_ms > 0 and "sb3" in systems:
+        print(
+            "tianji bench train: --env-step-ms slows tianji's envs only; SB3 runs are skipped",
+            file=sys.stderr,
+        )
+        systems = tuple(s for s in systems if s != "sb3")
     have_sb3 = _has_sb3()
     if "sb3" in systems and not have_sb3:
         print(
@@ -310,13 +422,16 @@ def run_bench(
             file=sys.stderr,
         )
         systems = tuple(s for s in systems if s != "sb3")
-    plan = Plan(algos, systems, seeds, max_seconds)
+    plan = Plan(algos, systems, seeds, max_seconds, actors, env_step_ms)
     runs = plan.runs()
     results = []
     started = time.monotonic()
-    for i, (seed, algo, system) in enumerate(runs, 1):
-        print(f"[{i}/{len(runs)}] {algo} {system} seed {seed} ...", file=sys.stderr, flush=True)
-        r = _run_one(seed, algo, system, max_seconds)
+    for i, (seed, algo, system, n) in enumerate(runs, 1):
+        who = f" {n} actors" if n is not None and system != "sb3" else ""
+        print(
+            f"[{i}/{len(runs)}] {algo} {system}{who} seed {seed} ...", file=sys.stderr, flush=True
+        )
+        r = _run_one(seed, algo, system, max_seconds, n, env_step_ms)
         results.append(r)
         if "error" in r:
             note = f"failed: {r['error'].splitlines()[-1] if r['error'] else '?'}"
@@ -331,10 +446,17 @@ def run_bench(
             )
         rate = r.get("env_steps_per_s_running") or 0
         elapsed = time.monotonic() - started
-        print(f"    {note}; {rate:,.0f} env steps/s  [{elapsed:.0f} s so far]", file=sys.stderr)
+        waste = ""
+        if r.get("stale_pct") is not None:
+            waste = f"; stale {r['stale_pct']:.2f}%, evicted {r['evicted_pct']:.2f}%"
+        print(
+            f"    {note}; {rate:,.0f} env steps/s{waste}  [{elapsed:.0f} s so far]",
+            file=sys.stderr,
+        )
     report = {
         "command": command,
         "seeds": list(seeds),
+        "env_step_ms": env_step_ms,
         "machine": machine(),
         "runs": results,
         "aggregate": aggregate(results, max_seconds),
@@ -364,7 +486,22 @@ def add_parser(bench: Any) -> None:
     b.add_argument(
         "--systems", default=",".join(SYSTEMS), help=f"comma-separated subset of {SYSTEMS}"
     )
-    b.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 (default 3)")
+    b.add_argument(
+        "--seeds",
+        default="3",
+        help="N (seeds 0..N-1, default 3), a range A-B or a list A,B,C",
+    )
+    b.add_argument(
+        "--actors",
+        default="",
+        help="comma-separated actor counts, e.g. 1,2,4,8 (default: the examples' 2)",
+    )
+    b.add_argument(
+        "--env-step-ms",
+        type=float,
+        default=0.0,
+        help="make every env step take this many ms longer (DelayedEnv; SB3 not run)",
+    )
     b.add_argument("--max-seconds", type=float, default=300.0, help="budget per run (300)")
     b.add_argument(
         "--quick", action="store_true", help="one seed, 40 s per run (a smoke run, e.g. in CI)"
@@ -372,6 +509,48 @@ def add_parser(bench: Any) -> None:
     b.add_argument("--out", metavar="DIR", help="write train.json and train.md here")
     b.add_argument("--json", action="store_true", help="print the JSON report, not the table")
     b.set_defaults(func=_cmd)
+
+
+def parse_seeds(text: str) -> tuple[int, ...]:
+    """``"3"`` -> 0, 1, 2; ``"3-5"`` -> 3, 4, 5; ``"0,4"`` -> 0, 4.
+
+    Raises:
+        ConfigError: naming the text when it is none of these.
+    """
+    from tianji.errors import ConfigError
+
+    try:
+        if "," in text:
+            seeds = tuple(int(t) for t in text.split(",") if t)
+        elif "-" in text.strip("-"):
+            low, high = (int(t) for t in text.split("-", 1))
+            seeds = tuple(range(low, high + 1))
+        else:
+            seeds = tuple(range(int(text)))
+    except ValueError:
+        seeds = ()
+    if not seeds or min(seeds) < 0:
+        raise ConfigError("--seeds", text, "N (seeds 0..N-1), A-B or A,B,C with seeds >= 0")
+    return seeds
+
+
+def parse_counts(flag: str, text: str) -> tuple[int | None, ...]:
+    """``"1,2,8"`` -> (1, 2, 8); ``""`` -> (None,) (the example's count).
+
+    Raises:
+        ConfigError: naming the flag and the text for anything but positive integers.
+    """
+    from tianji.errors import ConfigError
+
+    if not text:
+        return (None,)
+    try:
+        counts = tuple(int(t) for t in text.split(",") if t)
+    except ValueError:
+        counts = ()
+    if not counts or min(counts) < 1:
+        raise ConfigError(flag, text, "comma-separated positive integers, e.g. 1,2,4,8")
+    return counts
 
 
 def _cmd(args: Any) -> int:
@@ -385,7 +564,10 @@ def _cmd(args: Any) -> int:
     for s in systems:
         if s not in SYSTEMS:
             raise ConfigError("--systems", s, " | ".join(SYSTEMS))
-    seeds = (0,) if args.quick else tuple(range(args.seeds))
+    seeds = (0,) if args.quick else parse_seeds(args.seeds)
+    actors = parse_counts("--actors", args.actors)
+    if args.env_step_ms < 0:
+        raise ConfigError("--env-step-ms", args.env_step_ms, "a number of milliseconds >= 0")
     max_seconds = 40.0 if args.quick else args.max_seconds
     report = run_bench(
         algos=algos,
@@ -394,6 +576,8 @@ def _cmd(args: Any) -> int:
         max_seconds=max_seconds,
         out_dir=args.out,
         command="tianji bench train " + " ".join(sys.argv[3:]),
+        actors=actors,
+        env_step_ms=args.env_step_ms,
     )
     print(json.dumps(report, indent=2) if args.json else markdown(report))
     errors = [r for r in report["runs"] if "error" in r]
