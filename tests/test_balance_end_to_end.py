@@ -61,17 +61,15 @@ def test_a_slow_on_policy_learner_pauses_the_actors_and_loses_nothing(tmp_path: 
     ctl, books = s["controller"], s["accounting"]
     assert ctl["mode"] == "relaxed"
     assert ctl["pause_s_total"] > 5, ctl  # the actors spent much of the run paused
-    assert ctl["commands"]["pause"] > 0 and ctl["commands"]["resume"] > 0
+    assert ctl["commands"]["grant_production"] > 0 and "pause" not in ctl["commands"]
     # every sample accounted for, at the end and in every row of the metrics file
     assert books["balanced"], books
     assert all(r["accounting"]["balanced"] for r in rows), [r["accounting"] for r in rows]
     assert books["produced"] == s["samples_produced"] > 0
-    # paused before producing what would be dropped: none evicted, a bounded share stale
-    # (measured 15-16 % with this 4x slower learner on 2 cores, where the pure policy's
-    # simulation drops < 2 %: weights reach a resumed actor later than the controller's
-    # resume; docs/benchmarks.md)
+    # granted only what can be consumed within the lag target: nothing evicted, at most
+    # 2 % stale (15-16 % with the pause policy before production grants)
     dropped = books["dropped"]
-    assert dropped.get("stale", 0) <= 0.25 * books["produced"], books
+    assert dropped.get("stale", 0) <= 0.02 * books["produced"], books
     assert dropped.get("evicted", 0) == 0
     # bounded buffer: never more than a few learner batches waiting (2 x 4 x 64 each)
     batch = 512
@@ -97,3 +95,42 @@ def test_a_slow_replay_learner_holds_the_ratio_by_pausing_the_actors(tmp_path: P
     assert all(0.9 <= x <= 3.1 for x in ratios[reached:]), ratios
     assert books["balanced"] and all(r["accounting"]["balanced"] for r in rows)
     assert books["buffered"] <= 100_000  # the example's replay capacity
+
+
+@pytest.mark.slow
+def test_ppo_with_eight_actors_reaches_its_target_without_waste(tmp_path: Path) -> None:
+    """The run that froze with the pause policy (all 8 actors paused, the learner waiting
+    for data): it reaches 475 and drops at most 2 % of what it produced."""
+    summary = tmp_path / "summary.json"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tianji.cli",
+            "train",
+            "examples/cartpole_ppo.toml",
+            "--actors",
+            "8",
+            "--target-return",
+            "475",
+            "--max-seconds",
+            "150",
+            "--no-run-dir",
+            "--no-dashboard",
+            "--summary",
+            str(summary),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    s = json.loads(summary.read_text())
+    assert s["stop_reason"] == "target_return reached", s["stop_reason"]
+    books = s["accounting"]
+    wasted = books["dropped"].get("stale", 0) + books["dropped"].get("evicted", 0)
+    assert books["balanced"] and wasted <= 0.02 * books["produced"], books
+    assert set(s["env_steps_by_actor"]) == {f"actor-{i}" for i in range(8)}
+    assert min(s["env_steps_by_actor"].values()) > 0  # every actor was granted work
+    assert s["controller"]["stalls"] == 0

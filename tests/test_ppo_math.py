@@ -181,3 +181,24 @@ def test_an_annealed_learning_rate_keeps_its_floor() -> None:
     assert annealed_lr(1e-3, 50, 200, floor=0.2) == pytest.approx(7.5e-4)
     with pytest.raises(ConfigError, match="lr_floor"):
         PPO.Config(lr_floor=1.5)
+
+
+def test_the_learner_says_once_when_the_learning_rate_reached_zero(caplog) -> None:
+    import collections
+    import logging
+    import types
+
+    from tianji.services.learner import LearnerService
+
+    learner = types.SimpleNamespace(name="learner-0", version=200, counters=collections.Counter())
+    with caplog.at_level(logging.WARNING):
+        LearnerService._check_lr(learner, 1e-4)  # type: ignore[arg-type]
+        assert "lr_zero_at_update" not in learner.counters
+        LearnerService._check_lr(learner, 0.0)  # type: ignore[arg-type]
+        learner.version = 201
+        LearnerService._check_lr(learner, 0.0)  # type: ignore[arg-type]
+    assert learner.counters["lr_zero_at_update"] == 200
+    warnings = [
+        r.getMessage() for r in caplog.records if "learning rate reached 0" in r.getMessage()
+    ]
+    assert len(warnings) == 1 and "update 200" in warnings[0] and "lr_floor" in warnings[0]
