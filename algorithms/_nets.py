@@ -20,6 +20,7 @@ from tianji.core import GradientSync
 from tianji.errors import ConfigError
 
 __all__ = [
+    "adam",
     "as_hidden",
     "box_obs_problem",
     "flat_dim",
@@ -32,6 +33,18 @@ __all__ = [
     "seeded_init",
     "sync_gradients",
 ]
+
+
+def adam(params: Any, **kwargs: Any) -> torch.optim.Adam:
+    """``torch.optim.Adam`` with its fused kernel where the torch build has one for the
+    parameters' device (CPU since torch 2.4, CUDA): one kernel for every parameter instead
+    of a dozen per tensor, ~1/3 of a small network's optimizer step. The same update;
+    falls back to the per-tensor loop elsewhere."""
+    params = list(params)
+    try:
+        return torch.optim.Adam(params, fused=True, **kwargs)
+    except (RuntimeError, TypeError, ValueError):
+        return torch.optim.Adam(params, **kwargs)
 
 
 def pick_device(device: str) -> torch.device:

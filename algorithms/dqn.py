@@ -20,6 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from tianji.algorithms._nets import (
+    adam,
     as_hidden,
     box_obs_problem,
     flat_dim,
@@ -233,7 +234,7 @@ class DQN:
         """Adam, built on first use: actors never update, and building an optimizer imports
         a good part of torch (seconds of start-up per actor process)."""
         if self._optimizer is None:
-            self._optimizer = torch.optim.Adam(self.q.parameters(), lr=self.config.lr)
+            self._optimizer = adam(self.q.parameters(), lr=self.config.lr)
         return self._optimizer
 
     @property

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from tianji.algorithms._multiagent import agent_inputs, multi_agent_problem
 from tianji.algorithms._nets import (
+    adam,
     as_hidden,
     flat_dim,
     load_numpy_weights,
@@ -192,7 +193,7 @@ class MAPPO:
     def optimizer(self) -> torch.optim.Optimizer:
         """Adam, built on first use (actors never update)."""
         if self._optimizer is None:
-            self._optimizer = torch.optim.Adam(self.net.parameters(), lr=self.config.lr, eps=1e-5)
+            self._optimizer = adam(self.net.parameters(), lr=self.config.lr, eps=1e-5)
         return self._optimizer
 
     # ----------------------------------------------------------------- actor side

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 from tianji.algorithms._nets import (
+    adam,
     as_hidden,
     box_obs_problem,
     flat_dim,
@@ -334,7 +335,7 @@ class PPO:
         """Adam, built on first use: actors never update, and building an optimizer imports
         a good part of torch (seconds of start-up per actor process)."""
         if self._optimizer is None:
-            self._optimizer = torch.optim.Adam(self.net.parameters(), lr=self.config.lr, eps=1e-5)
+            self._optimizer = adam(self.net.parameters(), lr=self.config.lr, eps=1e-5)
         return self._optimizer
 
     # ----------------------------------------------------------------- actor side

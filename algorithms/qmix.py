@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from tianji.algorithms._multiagent import agent_inputs, multi_agent_problem
 from tianji.algorithms._nets import (
+    adam,
     as_hidden,
     flat_dim,
     load_numpy_weights,
@@ -267,7 +268,7 @@ class QMIX:
     def optimizer(self) -> torch.optim.Optimizer:
         """Adam over agent network and mixer, built on first use (actors never update)."""
         if self._optimizer is None:
-            self._optimizer = torch.optim.Adam(self.params, lr=self.config.lr)
+            self._optimizer = adam(self.params, lr=self.config.lr)
         return self._optimizer
 
     @property

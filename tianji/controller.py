@@ -414,7 +414,9 @@ class Balancer:
             elif hb.role == "actor":
                 produced += hb.counters.get("samples_produced", 0)
                 dropped += _dropped(hb)
-                if name in live:
+                # a producer counts from its first heartbeat since it registered: until
+                # then the last one may be an earlier incarnation's (its counts, not ours)
+                if name in live and getattr(live[name], "last_heartbeat", hb) is not None:
                     versions[name] = int(hb.gauges.get("policy_version", -1))
                     fragments[name] = int(hb.gauges.get("fragments_at_version", 0))
                     sent[name] = int(hb.counters.get("fragments_sent", 0))
