@@ -256,3 +256,36 @@ def test_sync_off_policy_learner_waits_for_every_actor_then_takes_one_rounds_upd
     assert policy.decide(after).learner_waits and policy.decide(after).consume_limit == 4224
     filling = dataclasses.replace(full, inserted=900, consumed=0, learner_version=0)
     assert policy.decide(filling).learner_waits
+
+
+def test_a_sync_replay_round_keeps_its_grant_until_its_updates_are_done() -> None:
+    # 2 actors x 32 samples x ratio 16 = 1024 samples: 8 updates of 128 per round
+    policy = BalancePolicy(
+        BalanceConfig(
+            mode="sync",
+            replay_ratio=16.0,
+            tolerance=4.0,
+            min_replay_size=1000,
+            batch_samples=128,
+            fragment_samples=32,
+        )
+    )
+    assert policy.updates_per_round(2) == 8
+    start = Observation(
+        inserted=5000,
+        consumed=4096,
+        learner_version=32,
+        producer_versions={"actor-0": 32, "actor-1": 32},
+        fragments_at_version={"actor-0": 1, "actor-1": 1},
+    )
+    assert policy.decide(start).consume_limit == 4096 + 8 * 128
+    # three updates into the round: the actors still hold v32, the grant is unchanged
+    # (it used to shrink to what was consumed, one update per round instead of eight)
+    midway = dataclasses.replace(start, consumed=4096 + 3 * 128, learner_version=35)
+    d = policy.decide(midway)
+    assert not d.learner_waits and d.consume_limit == 4096 + 8 * 128
+    done = dataclasses.replace(start, consumed=4096 + 8 * 128, learner_version=40)
+    assert policy.decide(done).learner_waits
+    # the actors got v40 and sent one fragment each: the next round
+    nxt = dataclasses.replace(done, producer_versions={"actor-0": 40, "actor-1": 40})
+    assert policy.decide(nxt).consume_limit == 4096 + 16 * 128

@@ -255,17 +255,22 @@ class BalancePolicy:
         self, obs: Observation, producers: frozenset[str], waiting: frozenset[str]
     ) -> Decision:
         """The learner waits for every producer: once each has sent a fragment with the
-        learner's current weights, it may take :meth:`updates_per_round` updates (which
-        give the producers new weights, and the round starts again). Until
-        ``min_replay_size`` the producers fill the buffer and the learner waits."""
+        same weights (version ``p``), it may take :meth:`updates_per_round` updates, up to
+        version ``p + updates_per_round``; then it publishes new weights and the next round
+        starts. The grant stays until the round's updates are done: it depends on the
+        version the producers collected with, not on the learner's (which moves with every
+        update of the round). Until ``min_replay_size`` the producers fill the buffer and
+        the learner waits."""
         cfg = self.config
         if obs.inserted < cfg.min_replay_size or not producers:
             return Decision(waiting, True, f"sync: filling {obs.inserted}", obs.consumed)
-        round_done = len(waiting) == len(producers)  # all sent with the current weights
-        if not round_done:
+        round_version = min(obs.producer_versions[p] for p in producers)
+        sent = all(obs.fragments_at_version.get(p, 0) >= 1 for p in producers)
+        left = round_version + self.updates_per_round(len(producers)) - obs.learner_version
+        if not sent or left <= 0:
             return Decision(waiting, True, "sync: waiting for every actor", obs.consumed)
-        limit = obs.consumed + self.updates_per_round(len(producers)) * cfg.batch_samples
-        return Decision(waiting, False, f"sync: round complete, consume to {limit}", limit)
+        limit = obs.consumed + left * cfg.batch_samples
+        return Decision(waiting, False, f"sync: round of v{round_version}, to {limit}", limit)
 
     def band(self, obs: Observation, producers: int) -> tuple[float, float] | None:
         """The allowed range of ``consumed`` for the inserts so far (None while filling).

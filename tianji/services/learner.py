@@ -114,6 +114,11 @@ class LearnerService(Service):
         self.version = 0
         self.on_policy = self.algo.buffer_spec().kind == "rollout"
         self.bound_lag = self.on_policy and self.config.controller.mode != "unbalanced"
+        # Sync off-policy (the synchronous baseline): actors collect one fragment, the
+        # learner takes the round's updates (its grant), then actors go on with the new
+        # weights. Weights published after every update would let each actor send one
+        # fragment per update instead of one per round.
+        self.publish_at_round_end = not self.on_policy and self.config.controller.mode == "sync"
         self.lag = LagStats()
         self.limit: int | None = None
         self._granted = asyncio.Event()
@@ -296,6 +301,8 @@ class LearnerService(Service):
     async def _wait_for_grant(self, n: int) -> None:
         if self.limit is None or self.counters["samples_consumed"] + n <= self.limit:
             return
+        if self.publish_at_round_end and self.index == 0:
+            await self._publish_weights()  # the round's updates are done: actors go on
         loop = asyncio.get_running_loop()
         started = loop.time()
         self.report_soon()
@@ -305,6 +312,8 @@ class LearnerService(Service):
         self.gauges["waiting_s"] += loop.time() - started
 
     async def _publish_weights(self) -> None:
+        if self.gauges.get("params_version") == float(self.version):
+            return  # published already
         weights = self.algo.get_weights()
         await self.publish(
             ParamsPublished(policy_version=self.version, weights=weights), LEARNER_PARAMS
@@ -435,6 +444,7 @@ class LearnerService(Service):
                 ),
                 self._priorities.get(batch.buffer, self._priorities[self.shards[0]]),
             )
-        if self.index == 0 and self.version % self.config.learner.publish_interval == 0:
+        publish = self.version % self.config.learner.publish_interval == 0
+        if self.index == 0 and publish and not self.publish_at_round_end:
             await self._publish_weights()
         await self._maybe_checkpoint()
