@@ -140,8 +140,9 @@ def test_ppo_with_eight_actors_reaches_its_target_without_waste(tmp_path: Path) 
 def test_sync_replay_takes_one_fragment_per_actor_per_round(tmp_path: Path) -> None:
     """The synchronous baseline: every actor sends one fragment, the learner takes the
     round's updates (replay_ratio samples per inserted one), and only then are new weights
-    published. Publishing after every update let each actor send a fragment per update:
-    the run inserted ~8x more than the ratio allows and evicted a third of its replay."""
+    published; before the first round the actors fill learning_starts and no more. Before:
+    weights published after every update let each actor send a fragment per update, and
+    the actors ran free until the learner's first update (20 s: ratio 3.4, not 16)."""
     summary = tmp_path / "summary.json"
     result = subprocess.run(
         [

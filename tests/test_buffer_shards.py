@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.test_train_cli import EXAMPLES, train
-from tianji.balance import _min_replay_total
+from tianji.balance import min_replay_total
 from tianji.config import load_config
 from tianji.errors import ConfigError
 from tianji.services import learners_of_shard, shards_of_learner
@@ -41,10 +41,10 @@ def test_shards_need_an_actor_each_and_no_sync_mode() -> None:
 
 def test_replay_waits_until_the_smallest_shard_can_sample() -> None:
     dqn = str(EXAMPLES / "cartpole_dqn.toml")
-    assert _min_replay_total(load_config(dqn, []), 1000) == 1000
-    assert _min_replay_total(load_config(dqn, ["buffer.shards=2"]), 1000) == 2000
+    assert min_replay_total(load_config(dqn, []), 1000) == 1000
+    assert min_replay_total(load_config(dqn, ["buffer.shards=2"]), 1000) == 2000
     three = load_config(dqn, ["actors.count=3", "buffer.shards=2"])  # shards get 2 and 1 actors
-    assert _min_replay_total(three, 1000) == 4000
+    assert min_replay_total(three, 1000) == 4000
 
 
 def run(tmp_path: Path, config: str, *args: str) -> dict[str, object]:

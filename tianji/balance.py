@@ -60,6 +60,7 @@ __all__ = [
     "LagStats",
     "Observation",
     "balance_config",
+    "min_replay_total",
     "stale_mask",
 ]
 
@@ -400,7 +401,7 @@ def balance_config(run: RunConfig, spec: BufferSpec, fragment_samples: int) -> B
         on_policy=on_policy,
         replay_ratio=ctl.replay_ratio,
         tolerance=ctl.tolerance,
-        min_replay_size=0 if on_policy else _min_replay_total(run, spec.min_size),
+        min_replay_size=0 if on_policy else min_replay_total(run, spec.min_size),
         max_policy_lag=run.learner.max_policy_lag,
         lag_target=ctl.lag_target,
         batch_samples=batch,
@@ -436,7 +437,7 @@ def balance_config(run: RunConfig, spec: BufferSpec, fragment_samples: int) -> B
     return cfg
 
 
-def _min_replay_total(run: RunConfig, min_size: int) -> int:
+def min_replay_total(run: RunConfig, min_size: int) -> int:
     """Samples inserted over all buffer shards before every shard holds ``min_size``: the
     shards' actors split unevenly when ``actors.count % shards != 0``."""
     shards, actors = run.buffer.shards, run.actors.count

@@ -10,6 +10,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from tianji.balance import min_replay_total
 from tianji.envs import make_vector_env
 from tianji.events import (
     ActionsComputed,
@@ -156,6 +157,15 @@ class ActorService(Service):
         self.fragments_per_version = {"sync": 1, "unbalanced": 0}.get(
             mode, 0 if self.granted else self.config.actors.max_fragments_per_version
         )
+        # Sync replay: the actors fill the replay to learning_starts together, exactly,
+        # before the first round (each its share), not for as long as the learner takes
+        # to start.
+        self.fill_fragments = 0
+        if mode == "sync" and not self.on_policy:
+            actors = run.actors
+            total = min_replay_total(run, self.algo.buffer_spec().min_size)
+            per_round = actors.count * actors.fragment_length * actors.envs_per_actor
+            self.fill_fragments = max(1, -(-total // per_round))
         self.paused_by: str | None = None  # the controller's reason while paused
         self._pending: ParamsPublished | None = None
         self._have_params = asyncio.Event()
@@ -230,7 +240,8 @@ class ActorService(Service):
 
         The per-version share (``sync`` mode: one fragment; ``relaxed`` off-policy:
         ``actors.max_fragments_per_version``) applies off-policy only once the learner has
-        updated: until then the replay buffer must fill, and waiting would deadlock.
+        updated: until then the replay buffer must fill (in ``sync`` mode each actor sends
+        its share of ``learning_starts``, ``fill_fragments``, and no more).
         """
         if self.paused_by is not None:
             return True
@@ -240,8 +251,11 @@ class ActorService(Service):
         ):
             return True
         limit = self.fragments_per_version
-        learning = self.on_policy or self.policy_version > 0
-        return bool(limit) and learning and self.sent_at_version >= limit
+        if not limit:
+            return False
+        if self.on_policy or self.policy_version > 0:
+            return self.sent_at_version >= limit
+        return bool(self.fill_fragments) and self.sent_at_version >= self.fill_fragments
 
     async def _pace(self) -> None:
         """Wait while :meth:`_must_wait`; new weights are applied while waiting (a producer
