@@ -99,6 +99,7 @@ def test_waste_and_waits_come_from_the_run_summary() -> None:
         "controller": {
             "pause_s": {"actor-0": 1.0, "actor-1": 3.0},
             "learner_idle_s": 0.5,
+            "learner_wait_s": 0.25,
             "learner_update_s": 9.0,
         },
     }
@@ -106,7 +107,7 @@ def test_waste_and_waits_come_from_the_run_summary() -> None:
         "stale_pct": 1.0,
         "evicted_pct": 0.5,
         "actor_pause_s": 2.0,
-        "learner_idle_s": 0.5,
+        "learner_idle_s": 0.75,  # no batch, or no grant
         "learner_update_s": 9.0,
     }
 

@@ -216,7 +216,8 @@ def _median(values: list[float]) -> float | None:
 def waste_and_waits(summary: dict[str, Any]) -> dict[str, float | None]:
     """Where a tianji run spent its samples and its time, from its summary: stale and
     evicted samples (% of those produced), actor pause (s, mean per actor), learner idle
-    (waiting for a batch) and busy (in updates) seconds."""
+    (waiting for a batch or for the controller's consumption grant) and busy (in updates)
+    seconds."""
     acc = summary.get("accounting") or {}
     ctl = summary.get("controller") or {}
     produced = acc.get("produced") or 0
@@ -230,7 +231,11 @@ def waste_and_waits(summary: dict[str, Any]) -> dict[str, float | None]:
         "stale_pct": pct("stale"),
         "evicted_pct": pct("evicted"),
         "actor_pause_s": round(statistics.mean(pauses), 2) if pauses else None,
-        "learner_idle_s": ctl.get("learner_idle_s"),
+        "learner_idle_s": (
+            round(ctl.get("learner_idle_s", 0.0) + ctl.get("learner_wait_s", 0.0), 3)
+            if "learner_idle_s" in ctl
+            else None
+        ),
         "learner_update_s": ctl.get("learner_update_s"),
     }
 
