@@ -97,36 +97,28 @@ def test_a_slow_replay_learner_holds_the_ratio_by_pausing_the_actors(tmp_path: P
     assert books["buffered"] <= 100_000  # the example's replay capacity
 
 
+def train_example(tmp_path: Path, config: str, *args: str, timeout: int = 300) -> dict:
+    """``tianji train examples/<config>.toml ARGS`` with no run directory; its summary."""
+    summary = tmp_path / "summary.json"
+    command = [sys.executable, "-m", "tianji.cli", "train", f"examples/{config}.toml", *args]
+    result = subprocess.run(
+        [*command, "--no-run-dir", "--no-dashboard", "--summary", str(summary)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return json.loads(summary.read_text())
+
+
 @pytest.mark.slow
 def test_ppo_with_eight_actors_reaches_its_target_without_waste(tmp_path: Path) -> None:
     """The run that froze with the pause policy (all 8 actors paused, the learner waiting
     for data): it reaches 475 and drops at most 2 % of what it produced."""
-    summary = tmp_path / "summary.json"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tianji.cli",
-            "train",
-            "examples/cartpole_ppo.toml",
-            "--actors",
-            "8",
-            "--target-return",
-            "475",
-            "--max-seconds",
-            "150",
-            "--no-run-dir",
-            "--no-dashboard",
-            "--summary",
-            str(summary),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
+    s = train_example(
+        tmp_path, "cartpole_ppo", "--actors", "8", "--target-return", "475", "--max-seconds", "150"
     )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    s = json.loads(summary.read_text())
     assert s["stop_reason"] == "target_return reached", s["stop_reason"]
     books = s["accounting"]
     wasted = books["dropped"].get("stale", 0) + books["dropped"].get("evicted", 0)
@@ -143,32 +135,17 @@ def test_sync_replay_takes_one_fragment_per_actor_per_round(tmp_path: Path) -> N
     published; before the first round the actors fill learning_starts and no more. Before:
     weights published after every update let each actor send a fragment per update, and
     the actors ran free until the learner's first update (20 s: ratio 3.4, not 16)."""
-    summary = tmp_path / "summary.json"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tianji.cli",
-            "train",
-            "examples/cartpole_dqn.toml",
-            "--mode",
-            "sync",
-            "--max-seconds",
-            "20",
-            "--target-return",
-            "100000",
-            "--no-run-dir",
-            "--no-dashboard",
-            "--summary",
-            str(summary),
-        ],
-        capture_output=True,
-        text=True,
+    s = train_example(
+        tmp_path,
+        "cartpole_dqn",
+        "--mode",
+        "sync",
+        "--max-seconds",
+        "20",
+        "--target-return",
+        "100000",
         timeout=180,
-        cwd=ROOT,
     )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    s = json.loads(summary.read_text())
     ctl, books = s["controller"], s["accounting"]
     assert ctl["mode"] == "sync" and books["balanced"]
     # rounds of 2 actors x 32 samples, 8 updates of 128 each: 16 consumed per inserted,
