@@ -91,9 +91,10 @@ class ActorConfig:
     """"local": each actor runs its own policy copy; "service": one inference service
     batches the observations of all actors into one forward pass and answers each."""
     max_fragments_per_version: int = 0
-    """An actor sends at most this many fragments per policy version, then waits for newer
-    weights (0: no limit; never before the learner's first update). Keeps actors from
-    producing what would be stale, and off-policy actors from outrunning the learner."""
+    """Off-policy ``relaxed`` runs: an actor sends at most this many fragments per policy
+    version, then waits for newer weights (0: no limit; never before the learner's first
+    update). On-policy ``relaxed`` runs ignore it: the controller's production grants say
+    how many fragments each actor collects and with which weights."""
 
     def __post_init__(self) -> None:
         _positive("actors", self, ("count", "envs_per_actor", "fragment_length"))
