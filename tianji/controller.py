@@ -499,18 +499,15 @@ class Balancer:
         ``watchdog_s`` seconds while producers and a learner are up (once per stall)."""
         produced = obs.produced or obs.inserted
         learners_up = any(hb.role == "learner" and n in live for n, hb in heartbeats.items())
-        if (
-            self._moved is None
-            or (produced, obs.consumed) != self._moved[:2]
-            or not obs.producer_versions
-            or not learners_up
-        ):
-            if self.stalled is not None:
-                log.warning("the run moves again after %.0f s", now - self._moved[2])  # type: ignore[index]
-                self.stalled = None
+        last = self._moved
+        moved = last is not None and (produced, obs.consumed) != last[:2]
+        if last is None or moved or not obs.producer_versions or not learners_up:
+            if self.stalled is not None and last is not None and moved:
+                log.warning("the run moves again after %.0f s", now - last[2])
+            self.stalled = None  # moving again, or nobody left to wait for
             self._moved = (produced, obs.consumed, now)
             return
-        silent = now - self._moved[2]
+        silent = now - last[2]
         if self.watchdog_s <= 0 or silent < self.watchdog_s:
             return
         state = self.stall_report(obs, heartbeats, live)
