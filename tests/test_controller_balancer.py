@@ -68,17 +68,24 @@ def on_policy_actors(produced: int, sent: int, version: int) -> dict:
     }
 
 
+def on_policy_balancer(send: Recorder, **kw: float) -> Balancer:
+    """2 fragments of 512 per batch, lag target 1 within a bound of 2 (the PPO example's
+    shape): 4 fragments may be outstanding."""
+    cfg = BalanceConfig(
+        on_policy=True,
+        max_policy_lag=2,
+        lag_target=1,
+        batch_samples=1024,
+        fragment_samples=512,
+        **kw,  # type: ignore[arg-type]
+    )
+    return Balancer(cfg, send)
+
+
 def test_on_policy_producers_get_production_grants_only_on_changes() -> None:
     async def scenario() -> None:
         send = Recorder()
-        cfg = BalanceConfig(
-            on_policy=True,
-            max_policy_lag=2,
-            lag_target=1,
-            batch_samples=1024,
-            fragment_samples=512,
-        )
-        balancer = Balancer(cfg, send)
+        balancer = on_policy_balancer(send)
         start = {**on_policy_run(0, 0, 0, 0), **on_policy_actors(0, 0, 0)}
         await balancer.update(start, start)
         await balancer.update(start, start)  # unchanged: nothing sent again
@@ -139,14 +146,7 @@ def test_relaxed_off_policy_pauses_and_resumes_producers_only_on_changes() -> No
 def test_the_watchdog_names_who_waits_for_what_when_nothing_moves() -> None:
     async def scenario() -> None:
         send = Recorder()
-        cfg = BalanceConfig(
-            on_policy=True,
-            max_policy_lag=2,
-            batch_samples=1024,
-            fragment_samples=512,
-            watchdog_s=0.05,
-        )
-        balancer = Balancer(cfg, send)
+        balancer = on_policy_balancer(send, watchdog_s=0.05)
         start = {**on_policy_run(0, 0, 0, 0), **on_policy_actors(0, 0, 0)}
         await balancer.update(start, start)  # 2 fragments granted to each
         stuck = {**on_policy_run(4096, 0, 0, 0), **on_policy_actors(1024, 2, 0)}

@@ -355,18 +355,11 @@ class Balancer:
 
     ROLES = frozenset({"actor", "buffer", "learner"})
 
-    def __init__(
-        self,
-        config: BalanceConfig,
-        send: Send,
-        *,
-        window: float = 5.0,
-    ) -> None:
+    def __init__(self, config: BalanceConfig, send: Send, *, window: float = 5.0) -> None:
         self.config = config
         self.policy = BalancePolicy(config)
         self._send = send
         self.window = window
-        self.watchdog_s = config.watchdog_s
         self.paused: set[str] = set()
         self.grants: dict[str, int] = {}  # learner -> consume limit sent
         self.production: dict[str, Grant] = {}  # producer -> production grant sent
@@ -508,7 +501,7 @@ class Balancer:
             self._moved = (produced, obs.consumed, now)
             return
         silent = now - last[2]
-        if self.watchdog_s <= 0 or silent < self.watchdog_s:
+        if self.config.watchdog_s <= 0 or silent < self.config.watchdog_s:
             return
         state = self.stall_report(obs, heartbeats, live)
         if self.stalled is None:

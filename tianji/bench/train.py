@@ -240,6 +240,12 @@ def waste_and_waits(summary: dict[str, Any]) -> dict[str, float | None]:
     }
 
 
+def _cell_key(algo: str, system: str, actors: int | None, several: bool) -> str:
+    """``algo/system``, and ``/actors`` when the report has several actor counts (SB3,
+    which has no actors, keeps one cell)."""
+    return f"{algo}/{system}" + (f"/{actors}" if several and system != "sb3" else "")
+
+
 def aggregate(results: list[dict[str, Any]], max_seconds: float) -> dict[str, Any]:
     """Per (algorithm, system): medians and spreads; then the ratios the targets name.
 
@@ -272,8 +278,7 @@ def aggregate(results: list[dict[str, Any]], max_seconds: float) -> dict[str, An
         median_time = statistics.median(censored)
         rates = [r["env_steps_per_s_running"] for r in runs if r.get("env_steps_per_s_running")]
         finals = [r["final_return"] for r in runs if r.get("final_return") is not None]
-        key = f"{algo}/{system}" + (f"/{n}" if several and system != "sb3" else "")
-        cells[key] = {
+        cells[_cell_key(algo, system, n, several)] = {
             "actors": None if system == "sb3" else n,
             "runs": len(runs),
             "reached": len(ok),
@@ -287,11 +292,8 @@ def aggregate(results: list[dict[str, Any]], max_seconds: float) -> dict[str, An
         }
 
     def ratio(algo: str, a: str, b: str, key: str, n: int | None) -> float | None:
-        def cell(system: str) -> dict[str, Any]:
-            suffix = f"/{n}" if several and system != "sb3" else ""
-            return cells.get(f"{algo}/{system}{suffix}", {})
-
-        x, y = cell(a).get(key), cell(b).get(key)
+        x = cells.get(_cell_key(algo, a, n, several), {}).get(key)
+        y = cells.get(_cell_key(algo, b, n, several), {}).get(key)
         return round(x / y, 3) if x is not None and y else None
 
     ratios = {
