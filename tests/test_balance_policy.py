@@ -89,6 +89,24 @@ def test_a_simulated_run_never_leaves_the_band_for_more_than_one_interval(
     assert abs(ratio - cfg.replay_ratio) <= cfg.tolerance + slack / (inserted - cfg.min_replay_size)
 
 
+def test_a_learner_bound_replay_run_converges_to_the_ratio_not_the_band_edge() -> None:
+    """Producers far faster than the learner: they pause at the band's lower edge. The
+    edge is an absolute error buffer, so consumed/inserted converges to replay_ratio (a
+    band relative to all inserts held such runs at replay_ratio - tolerance for good:
+    11.97 for the DQN example's 16 +- 4)."""
+    policy = off_policy(replay_ratio=16.0, tolerance=4.0, batch_samples=128, fragment_samples=32)
+    inserted = consumed = 0
+    for _ in range(20_000):
+        obs = Observation(inserted=inserted, consumed=consumed, producer_versions=PRODUCERS)
+        d = policy.decide(obs)
+        if not d.paused:
+            inserted += 2 * 32  # one fragment from each producer per tick
+        if not d.learner_waits and (consumed + 128 <= (d.consume_limit or 0)):
+            consumed += 128 // 8  # the learner: one update every 8 ticks
+    ratio = policy.ratio(Observation(inserted=inserted, consumed=consumed))
+    assert ratio is not None and abs(ratio - 16.0) < 0.1, ratio
+
+
 def on_policy(
     lag: int = 1, batch: int = 1024, fragment: int = 512, target: int = 1
 ) -> BalancePolicy:

@@ -187,7 +187,9 @@ def test_an_off_policy_learner_gets_a_consumption_grant_that_follows_inserts() -
         grants = [ev.limit for _, ev in send.sent if isinstance(ev, ConsumptionGranted)]
         assert grants[0] == 0  # filling: the learner waits
         assert grants[1] < grants[2]  # more inserted, more may be consumed
-        assert grants[2] == int((2100 - 100) * 2.5 + 2.0 * 16 + 32)
+        # the band's upper edge: ratio x inserted + tolerance x one round of inserts
+        # (1 actor x 16) + one step of each side (2.0 x 16 + 32)
+        assert grants[2] == int((2100 - 100) * 2.0 + 0.5 * 16 + 2.0 * 16 + 32)
 
     asyncio.run(scenario())
 
@@ -355,7 +357,7 @@ def test_data_parallel_learners_are_each_granted_their_share_of_the_limit() -> N
         await balancer.update(run, run)
         return [(n, ev.limit) for n, ev in send.sent if isinstance(ev, ConsumptionGranted)]
 
-    limit = int(1000 * 1.5 + 1.0 * 16 + 64)  # the band's upper edge for both learners
+    limit = int(1000 * 1.0 + 0.5 * 16 + 1.0 * 16 + 64)  # the band's upper edge for both
     assert asyncio.run(scenario()) == [("learner-0", limit // 2), ("learner-1", limit // 2)]
 
 

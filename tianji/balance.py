@@ -6,8 +6,9 @@ explicit and testable without any I/O; the controller's service shell feeds it t
 counters from heartbeats and turns its :class:`Decision` into command events.
 
 Off-policy (replay) — Reverb's samples-per-insert limiter: after ``min_replay_size``
-inserts, the ratio ``consumed / inserted`` is held within ``replay_ratio ± tolerance``,
-widened by one step of each side (Reverb's error buffer, see :meth:`BalancePolicy.band`).
+inserts, ``consumed`` is held within ``inserted * replay_ratio`` ± an absolute error buffer
+(``tolerance`` times one round of inserts, widened by one step of each side; see
+:meth:`BalancePolicy.band`), so the ratio converges to ``replay_ratio``.
 Producers that run ahead (ratio below the band) get no credit and pause; a learner that
 runs ahead (ratio above the band) waits for data.
 
@@ -78,7 +79,9 @@ class BalanceConfig:
     replay_ratio: float = 1.0
     """Off-policy: samples consumed per sample inserted."""
     tolerance: float = 0.25
-    """Off-policy: the allowed deviation of the consumed/inserted ratio."""
+    """Off-policy: the allowed deviation of the consumed/inserted ratio over one round of
+    inserts (a fragment from every producer); over the run the ratio converges to
+    ``replay_ratio``."""
     min_replay_size: int = 0
     """Off-policy: inserts before the learner may start (producers never pause before)."""
     max_policy_lag: int = 1
@@ -276,18 +279,22 @@ class BalancePolicy:
     def band(self, obs: Observation, producers: int) -> tuple[float, float] | None:
         """The allowed range of ``consumed`` for the inserts so far (None while filling).
 
-        ``inserted * (replay_ratio ± tolerance)``, widened by one step of every side (the
-        error buffer of Reverb's limiter), so a side that may move never jumps over the
-        band and the two sides are never both held back.
+        ``inserted * replay_ratio ± error``, as Reverb's limiter: an absolute error buffer
+        of ``tolerance`` times one round of inserts (a fragment from every producer), so
+        the ratio may stray by ``tolerance`` over a round while over the run it converges
+        to ``replay_ratio`` (a band relative to all inserts would let a learner-bound run
+        sit at ``replay_ratio - tolerance`` for good); widened by one step of every side,
+        so a side that may move never jumps over the band and the two sides are never
+        both held back.
         """
         cfg = self.config
         effective = obs.inserted - cfg.min_replay_size
         if effective <= 0:
             return None
-        slack = cfg.replay_ratio * producers * cfg.fragment_samples + cfg.batch_samples
-        low = effective * (cfg.replay_ratio - cfg.tolerance) - slack
-        high = effective * (cfg.replay_ratio + cfg.tolerance) + slack
-        return low, high
+        round_inserts = producers * cfg.fragment_samples
+        slack = cfg.replay_ratio * round_inserts + cfg.batch_samples
+        error = cfg.tolerance * round_inserts + slack
+        return effective * cfg.replay_ratio - error, effective * cfg.replay_ratio + error
 
     def _off_policy(self, obs: Observation, producers: frozenset[str]) -> Decision:
         """Look one step ahead, as Reverb's limiter checks each insert and sample before it

@@ -177,7 +177,9 @@ class ControllerConfig:
     replay_ratio: float = 2.0
     """Off-policy: samples the learner consumes per sample inserted."""
     tolerance: float = 1.0
-    """Off-policy: the allowed deviation of the consumed/inserted ratio from replay_ratio."""
+    """Off-policy: the allowed deviation of the consumed/inserted ratio from replay_ratio
+    over one round of inserts (a fragment from every actor); over the run the ratio
+    converges to replay_ratio (an absolute error buffer, as Reverb's rate limiter)."""
     lag_target: int = 1
     """On-policy: producers pause when what they would collect next would be consumed more
     than this many policy versions late (``learner.max_policy_lag`` is the hard bound: older
