@@ -1,6 +1,6 @@
 """Pieces the multi-agent algorithms share: which spaces they take, per-agent inputs.
 
-Envs adapted by ``tianji.multiagent`` stack A agents: observations ``[A, D]``, actions
+Envs adapted by ``tianji.rl.multiagent`` stack A agents: observations ``[A, D]``, actions
 ``MultiDiscrete([n] * A)``. One network serves every agent; a one-hot of the agent's index
 appended to its observation lets it still act differently per agent.
 """

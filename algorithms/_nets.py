@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from tianji.core import GradientSync
-from tianji.errors import ConfigError
+from tianji.rl.algorithm import GradientSync
+from tianji.rl.errors import ConfigError
 
 __all__ = [
     "adam",

@@ -36,8 +36,8 @@ from tianji.algorithms._nets import (
 )
 from torch import nn
 
-from tianji.core import BufferSpec, GradientSync, UpdateResult
-from tianji.errors import ConfigError
+from tianji.rl.algorithm import BufferSpec, GradientSync, UpdateResult
+from tianji.rl.errors import ConfigError
 
 __all__ = ["DQN", "DQNConfig", "double_dqn_target", "epsilon_at", "n_step_transitions"]
 
@@ -309,7 +309,7 @@ class DQN:
         self.version = version
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything a learner needs to continue (see ``tianji.checkpoint``): online and
+        """Everything a learner needs to continue (see ``tianji.rl.checkpoint``): online and
         target networks, Adam's moments, the update count."""
         return {
             "q": self.q.state_dict(),

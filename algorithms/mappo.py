@@ -1,6 +1,6 @@
 """MAPPO: PPO with one policy shared by every agent and a centralized value function.
 
-Cooperative multi-agent envs (``tianji.multiagent``): each agent acts from its own
+Cooperative multi-agent envs (``tianji.rl.multiagent``): each agent acts from its own
 observation (plus a one-hot of its index, so a shared network can still specialise) with
 the *same* policy network; the critic sees the global state and values the team's return.
 The advantage of an env step is the team's, given to every agent's action in that step
@@ -48,8 +48,8 @@ from tianji.algorithms.ppo import (
 )
 from torch import nn
 
-from tianji.core import BufferSpec, GradientSync, UpdateResult
-from tianji.errors import ConfigError
+from tianji.rl.algorithm import BufferSpec, GradientSync, UpdateResult
+from tianji.rl.errors import ConfigError
 
 __all__ = ["MAPPO", "MAPPOConfig", "SharedActorCentralCritic"]
 

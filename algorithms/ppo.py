@@ -37,8 +37,8 @@ from tianji.algorithms._nets import (
 )
 from torch import nn
 
-from tianji.core import BufferSpec, GradientSync, UpdateResult
-from tianji.errors import ConfigError
+from tianji.rl.algorithm import BufferSpec, GradientSync, UpdateResult
+from tianji.rl.errors import ConfigError
 
 __all__ = [
     "PPO",
@@ -395,7 +395,7 @@ class PPO:
         self.version = version
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything a learner needs to continue (see ``tianji.checkpoint``): actor-critic
+        """Everything a learner needs to continue (see ``tianji.rl.checkpoint``): actor-critic
         (with the log-std), Adam's moments and learning rate, the update count."""
         return {
             "net": self.net.state_dict(),

@@ -1,6 +1,6 @@
 """QMIX: per-agent Q-networks mixed monotonically into a team Q by a state-conditioned net.
 
-Cooperative multi-agent envs (``tianji.multiagent``): every agent picks the argmax of its
+Cooperative multi-agent envs (``tianji.rl.multiagent``): every agent picks the argmax of its
 own utility ``Q_a(o_a, u_a)`` (one network shared by all agents, fed the agent's observation
 and a one-hot of its index), and the learner trains ``Q_tot = mixer(Q_1..Q_A, state)`` on
 the team reward. The mixer's weights come from hypernetworks of the global state and are
@@ -44,8 +44,8 @@ from tianji.algorithms._nets import (
 from tianji.algorithms.dqn import epsilon_at, n_step_transitions
 from torch import nn
 
-from tianji.core import BufferSpec, GradientSync, UpdateResult
-from tianji.errors import ConfigError
+from tianji.rl.algorithm import BufferSpec, GradientSync, UpdateResult
+from tianji.rl.errors import ConfigError
 
 __all__ = ["QMIX", "QMIXConfig", "QMixer", "n_step_transitions_ma"]
 
@@ -355,7 +355,7 @@ class QMIX:
         self.version = version
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything a learner needs to continue (see ``tianji.checkpoint``): agent network,
+        """Everything a learner needs to continue (see ``tianji.rl.checkpoint``): agent network,
         mixer, both targets, Adam's moments, the update count."""
         return {
             "agent": self.agent.state_dict(),

@@ -3,7 +3,7 @@
     python benchmarks/checkpoint.py [--repeat N] [--replay-capacity N]
 
 Measures the example configs' learner state (networks + Adam moments, as
-``tianji.checkpoint.algorithm_state`` packs it) and a full replay buffer of CartPole
+``tianji.rl.checkpoint.algorithm_state`` packs it) and a full replay buffer of CartPole
 transitions (``[checkpoint] replay``). Packing runs on learner-0's event loop between two
 updates, so its time is what a checkpoint adds to one update.
 """
@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tianji.buffers import ReplayBuffer
-from tianji.checkpoint import algorithm_state, pack_state, restore_algorithm, unpack_state
-from tianji.config import load_config
+from tianji.rl.buffers import ReplayBuffer
+from tianji.rl.checkpoint import algorithm_state, pack_state, restore_algorithm, unpack_state
+from tianji.run.config import load_config
 from tianji.services.common import make_algorithm
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

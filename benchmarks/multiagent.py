@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tianji.config import load_config
-from tianji.envs import random_policy_returns
+from tianji.rl.envs import random_policy_returns
+from tianji.run.config import load_config
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 CURVE_POINTS = 10

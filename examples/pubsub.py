@@ -17,12 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from tianji.controller import Controller
-from tianji.events import ArraysPublished, ServiceReported, topic
 from tianji.launch.local import LocalLauncher, print_progress, run_local
 from tianji.launch.spec import ServiceSpec
-from tianji.runtime import run
-from tianji.service import Service
+from tianji.runtime.controller import Controller
+from tianji.runtime.events import ArraysPublished, ServiceReported, topic
+from tianji.runtime.loop import run
+from tianji.runtime.service import Service
 
 RAW = topic(ArraysPublished, "raw")
 SMOOTH = topic(ArraysPublished, "smooth")

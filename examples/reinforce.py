@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from tianji.core import BufferSpec, UpdateResult
+from tianji.rl.algorithm import BufferSpec, UpdateResult
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

@@ -5,7 +5,7 @@ fragment with the weights they hold when it starts, obey pauses, production gran
 weights), the rollout buffer (FIFO of fragments with a capacity that evicts the oldest,
 drops the stale ones before it serves, sends only the batches a learner asked for), the
 learner (drops a batch that went stale in flight, trains, publishes weights, asks for the
-next batch) and the controller (decides with :class:`tianji.balance.BalancePolicy` on
+next batch) and the controller (decides with :class:`tianji.rl.balance.BalancePolicy` on
 each heartbeat as it arrives, its commands arrive later). Heartbeats are sent on every
 change and every second; every link delivers in order after its fixed delay.
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from tianji.transports._shmring import PREFIX, SHM_DIR
 
-from tianji.config import RUN_DIR_ENV
+from tianji.rl.config import RUN_DIR_ENV
 
 MARKER = "TIANJI_TEST_SESSION"
 

@@ -14,12 +14,13 @@ import threading
 from pathlib import Path
 
 from tests.test_service_pubsub import running, until
-from tianji import service as service_module
-from tianji.config import load_config, to_dict
-from tianji.controller import Controller
-from tianji.events import ParamsPublished, TrajectoryCollected
-from tianji.service import Service
-from tianji.services import LATEST_PARAMS, TRAJECTORIES
+from tianji.rl.config import to_dict
+from tianji.rl.events import ParamsPublished, TrajectoryCollected
+from tianji.rl.topics import LATEST_PARAMS, TRAJECTORIES
+from tianji.run.config import load_config
+from tianji.runtime import service as service_module
+from tianji.runtime.controller import Controller
+from tianji.runtime.service import Service
 from tianji.services.actor import ActorService
 from tianji.services.common import make_algorithm
 
@@ -92,18 +93,18 @@ def test_weights_before_the_first_subscriber_do_not_stall_the_actor() -> None:
 
 def test_no_service_overwrites_an_attribute_the_service_base_sets() -> None:
     base = set(_assigned(inspect.getsource(service_module.Service)))
-    import tianji.controller
+    import tianji.run.plan
+    import tianji.runtime.controller
     import tianji.services.actor
     import tianji.services.buffer
     import tianji.services.inference
     import tianji.services.learner
     import tianji.services.params
-    import tianji.training
 
     modules = [
-        tianji.controller, tianji.services.actor, tianji.services.buffer,
+        tianji.runtime.controller, tianji.services.actor, tianji.services.buffer,
         tianji.services.inference, tianji.services.learner, tianji.services.params,
-        tianji.training,
+        tianji.run.plan,
     ]  # fmt: skip
     for module in modules:
         clashes = base & set(_assigned(inspect.getsource(module)))

@@ -17,7 +17,7 @@ import torch
 from tianji.algorithms.dqn import DQN
 from tianji.algorithms.ppo import PPO
 
-from tianji.buffers import PrioritizedReplayBuffer, ReplayBuffer, RolloutBuffer, make_buffer
+from tianji.rl.buffers import PrioritizedReplayBuffer, ReplayBuffer, RolloutBuffer, make_buffer
 
 
 class Collector:

@@ -7,8 +7,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from tianji.balance import BalanceConfig, BalancePolicy, Grant, Observation, stale_mask
-from tianji.errors import ConfigError
+from tianji.rl.balance import BalanceConfig, BalancePolicy, Grant, Observation, stale_mask
+from tianji.runtime.errors import ConfigError
 
 PRODUCERS = {"actor-0": 0, "actor-1": 0}
 

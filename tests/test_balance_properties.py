@@ -2,7 +2,7 @@
 
 :mod:`balance_sim` runs actors, the rollout buffer, the learner and the controller with
 the delays between them (heartbeats, commands, weights, data) and the buffer's capacity
-and eviction; the real :class:`tianji.balance.BalancePolicy` decides. Hypothesis draws
+and eviction; the real :class:`tianji.rl.balance.BalancePolicy` decides. Hypothesis draws
 actor counts 1-64, envs per actor, fragment lengths, fragments per batch, lag targets and
 bounds, buffer capacities, learner and actor speeds and message delays. In every run:
 
@@ -26,7 +26,7 @@ from balance_sim import SimParams, SimResult, Simulation
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import tianji.balance as balance
+import tianji.rl.balance as balance
 
 
 @st.composite

@@ -18,8 +18,9 @@ from tianji.bench.train import (
     run_config,
     waste_and_waits,
 )
-from tianji.config import RunConfig, build_dataclass, load_config, to_dict
-from tianji.errors import ConfigError
+from tianji.rl.config import RunConfig, build_dataclass, to_dict
+from tianji.run.config import load_config
+from tianji.runtime.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -40,6 +40,7 @@ from tianji.bench.report import (
     format_size,
 )
 from tianji.bench.spawn import spawn_peer
+from tianji.runtime import plugins
 from tianji.testing import processes_with_arg, run_async
 
 MiB = 1 << 20
@@ -269,8 +270,8 @@ def test_a_failing_or_unavailable_transport_is_skipped_not_fatal(
     async def fake_latency(scheme: str, settings: Settings) -> LatencyRow:
         return LatencyRow(scheme, 50.0, 80.0)
 
-    monkeypatch.setitem(tianji.transports._factories, "shm", broken_shm)
-    monkeypatch.delitem(tianji.transports._instances, "shm", raising=False)
+    monkeypatch.setitem(plugins.TRANSPORTS._registered, "shm", broken_shm)
+    monkeypatch.delitem(plugins._transports, "shm", raising=False)
     measures = {name: fake for name in bench.MEASURES} | {"tcp": failing, "inproc": hanging}
     monkeypatch.setattr(bench, "MEASURES", measures)
     monkeypatch.setattr(bench, "_latency", fake_latency)

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from tests.test_train_cli import EXAMPLES, train
-from tianji.balance import min_replay_total
-from tianji.config import load_config
-from tianji.errors import ConfigError
-from tianji.services import learners_of_shard, shards_of_learner
-from tianji.training import RunPlan
+from tianji.rl.balance import min_replay_total
+from tianji.rl.topics import learners_of_shard, shards_of_learner
+from tianji.run.config import load_config
+from tianji.run.plan import RunPlan
+from tianji.runtime.errors import ConfigError
 
 
 @pytest.mark.parametrize("shards", [1, 2, 3, 4])

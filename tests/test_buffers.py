@@ -5,15 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tianji.buffers import (
+from tianji.rl.algorithm import Buffer, BufferSpec
+from tianji.rl.buffers import (
     PrioritizedReplayBuffer,
     ReplayBuffer,
     RolloutBuffer,
     SumTree,
     make_buffer,
 )
-from tianji.core import Buffer, BufferSpec
-from tianji.errors import ConfigError
+from tianji.runtime.errors import ConfigError
 
 
 def items(start: int, count: int) -> dict[str, np.ndarray]:
@@ -187,7 +187,7 @@ def test_a_replay_buffer_restored_from_its_state_samples_the_same(
 ) -> None:
     """The snapshot holds the stored items, their ids and versions (and the priorities):
     a restored buffer with the same RNG draws the same batches and updates priorities."""
-    from tianji.checkpoint import pack_state, unpack_state
+    from tianji.rl.checkpoint import pack_state, unpack_state
 
     def make() -> ReplayBuffer:
         if prioritized:

@@ -20,7 +20,7 @@ import pytest
 import tianji.algorithms as algorithms
 import torch
 
-from tianji.checkpoint import (
+from tianji.rl.checkpoint import (
     MAGIC,
     CheckpointError,
     algorithm_state,
@@ -33,12 +33,13 @@ from tianji.checkpoint import (
     unpack_state,
     write_checkpoint,
 )
-from tianji.config import CheckpointConfig, StopConfig, load_config
-from tianji.errors import ConfigError
-from tianji.events import CheckpointTaken
-from tianji.monitor import TrainMonitor
-from tianji.rundir import RunDirectory, resume_point
-from tianji.training import RunPlan
+from tianji.rl.config import CheckpointConfig, StopConfig
+from tianji.rl.events import CheckpointTaken
+from tianji.run.config import load_config
+from tianji.run.plan import RunPlan
+from tianji.run.rundir import RunDirectory, resume_point
+from tianji.runtime.errors import ConfigError
+from tianji.services.monitor import TrainMonitor
 
 ROOT = Path(__file__).resolve().parents[1]
 PPO = ROOT / "examples" / "cartpole_ppo.toml"

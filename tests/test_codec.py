@@ -1,8 +1,8 @@
-"""Unit tests of the sans-I/O codec (:mod:`tianji.codec`): no sockets, no event loop.
+"""Unit tests of the sans-I/O codec (:mod:`tianji.runtime.codec`): no sockets, no event loop.
 
 What is proven here:
 
-* every event in :mod:`tianji.events` round-trips, arrays of every numeric dtype and layout
+* every event in :mod:`tianji.runtime.events` round-trips, arrays of every numeric dtype and layout
   included, bit-exact;
 * encoding a C-contiguous array and decoding a frame copy nothing;
 * every kind of malformed input raises :class:`BadFrame` with the documented ``reason``, and
@@ -25,35 +25,37 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from tianji import codec
-from tianji.codec import ARRAY_EXT, WIRE_VERSION, Codec, decode, encode
-from tianji.errors import BadFrame
-from tianji.events import (
+from tianji.rl.events import (
     ActionsComputed,
-    ArraysPublished,
     BatchRequested,
     CheckpointRequested,
     CheckpointRestored,
     CheckpointTaken,
     ConsumptionGranted,
     EpisodesFinished,
-    Event,
     GradientsShared,
-    Heartbeat,
     ObservationsReady,
     ParamsPublished,
     PauseProduction,
     PrioritiesUpdated,
     ProductionGranted,
-    PublishersChanged,
-    RegisterService,
     ResumeProduction,
     SampleBatch,
+    TrajectoryCollected,
+)
+from tianji.runtime import codec
+from tianji.runtime.codec import ARRAY_EXT, WIRE_VERSION, Codec, decode, encode
+from tianji.runtime.errors import BadFrame
+from tianji.runtime.events import (
+    ArraysPublished,
+    Event,
+    Heartbeat,
+    PublishersChanged,
+    RegisterService,
     ServiceRegistered,
     ServiceReported,
     Shutdown,
     Subscribe,
-    TrajectoryCollected,
     WatchTopics,
     event_types,
 )
@@ -142,7 +144,7 @@ RNG = np.random.default_rng(1234)
 
 
 def sample_events() -> list[Event]:
-    """One populated instance of every event class declared in tianji.events."""
+    """One populated instance of every event class declared in tianji.runtime.events."""
     return [
         Subscribe(topics=("Heartbeat", "TrajectoryCollected/actor-3")),
         RegisterService(
@@ -245,7 +247,9 @@ def sample_events() -> list[Event]:
 
 def test_every_declared_event_has_a_round_trip_sample() -> None:
     declared = {
-        info.cls for info in event_types().values() if info.cls.__module__ == "tianji.events"
+        info.cls
+        for info in event_types().values()
+        if info.cls.__module__ in ("tianji.runtime.events", "tianji.rl.events")
     }
     sampled = {type(ev) for ev in sample_events()}
     missing = sorted(cls.__name__ for cls in declared - sampled)

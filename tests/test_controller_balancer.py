@@ -6,19 +6,18 @@ import asyncio
 
 import pytest
 
-from tianji.balance import BalanceConfig, balance_config
-from tianji.config import load_config
-from tianji.controller import Balancer, accounting
-from tianji.core import BufferSpec
-from tianji.errors import ConfigError
-from tianji.events import (
+from tianji.rl.algorithm import BufferSpec
+from tianji.rl.balance import BalanceConfig, balance_config
+from tianji.rl.events import (
     ConsumptionGranted,
-    Event,
-    Heartbeat,
     PauseProduction,
     ProductionGranted,
     ResumeProduction,
 )
+from tianji.run.config import load_config
+from tianji.runtime.errors import ConfigError
+from tianji.runtime.events import Event, Heartbeat
+from tianji.services.balancer import Balancer, accounting
 
 
 def hb(name: str, role: str, counters: dict[str, int] = {}, **gauges: float) -> Heartbeat:  # noqa: B006

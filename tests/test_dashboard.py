@@ -19,13 +19,14 @@ from typing import Any, cast
 import aiohttp
 import pytest
 
-from tianji.balance import BalanceConfig
-from tianji.controller import Controller, ServiceRecord
 from tianji.dashboard import parse_address
 from tianji.dashboard.model import MetricsHistory, run_state, sample, services, status
 from tianji.dashboard.server import Dashboard
-from tianji.errors import ConfigError
-from tianji.events import Heartbeat
+from tianji.rl.balance import BalanceConfig
+from tianji.runtime.controller import Controller, ServiceRecord
+from tianji.runtime.errors import ConfigError
+from tianji.runtime.events import Heartbeat
+from tianji.services.balancer import Balancer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -92,7 +93,7 @@ def beat(controller: Controller, ev: Heartbeat) -> None:
 def a_run(step: int) -> Controller:
     """A controller whose actor, buffer and learner have reported ``step`` times."""
     cfg = BalanceConfig(on_policy=True, max_policy_lag=2, batch_samples=512, fragment_samples=256)
-    controller = Controller(balance=cfg)
+    controller = Controller(plugins=[Balancer(cfg)])
     for pid, (name, role) in enumerate(
         [("actor-0", "actor"), ("buffer-0", "buffer"), ("learner-0", "learner")], start=100
     ):

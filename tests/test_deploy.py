@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 
 from tests.test_service_pubsub import Collector, arrays, running, until
-from tianji.config import load_config
-from tianji.controller import Controller
-from tianji.deploy import config_digest, require_token, serve_spec
-from tianji.errors import ConfigError, ServiceFailed
-from tianji.events import ArraysPublished
 from tianji.launch.hosts import HostLauncher
 from tianji.launch.local import run_local
-from tianji.service import Service, advertised
+from tianji.run.config import load_config
+from tianji.run.deploy import config_digest, require_token, serve_spec
+from tianji.runtime.controller import Controller
+from tianji.runtime.errors import ConfigError, ServiceFailed
+from tianji.runtime.events import ArraysPublished
+from tianji.runtime.service import Service, advertised
 from tianji.testing import free_tcp_port
 
 ROOT = Path(__file__).resolve().parents[1]

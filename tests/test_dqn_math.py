@@ -8,8 +8,8 @@ import pytest
 import torch
 from tianji.algorithms.dqn import DQN, double_dqn_target, epsilon_at, n_step_transitions
 
-from tianji.core import Algorithm
-from tianji.errors import ConfigError
+from tianji.rl.algorithm import Algorithm
+from tianji.runtime.errors import ConfigError
 
 CARTPOLE = gym.make("CartPole-v1")
 

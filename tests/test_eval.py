@@ -15,13 +15,14 @@ import numpy as np
 import pytest
 import torch
 
-from tianji import evaluate as evaluate_module
-from tianji.checkpoint import CheckpointError, algorithm_state, pack_state, write_checkpoint
 from tianji.cli import main
-from tianji.config import RunConfig, load_config
-from tianji.errors import ConfigError
-from tianji.evaluate import VideoError, evaluate, summary_line
-from tianji.rundir import RunDirectory
+from tianji.rl.checkpoint import CheckpointError, algorithm_state, pack_state, write_checkpoint
+from tianji.rl.config import RunConfig
+from tianji.run import evaluate as evaluate_module
+from tianji.run.config import load_config
+from tianji.run.evaluate import VideoError, evaluate, summary_line
+from tianji.run.rundir import RunDirectory
+from tianji.runtime.errors import ConfigError
 from tianji.services.common import make_algorithm
 
 ROOT = Path(__file__).resolve().parents[1]

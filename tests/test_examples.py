@@ -33,7 +33,7 @@ def test_pubsub_example_delivers_every_reading(args: list[str]) -> None:
 def test_every_example_config_loads_and_builds_its_algorithm(
     config: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tianji.config import load_config
+    from tianji.run.config import load_config
     from tianji.services.common import make_algorithm
 
     monkeypatch.chdir(EXAMPLE.parents[1])  # paths in configs are relative to the checkout

@@ -23,9 +23,9 @@ from hypothesis import strategies as st
 from tianji.transports._auth import PROOF_BYTES, Handshake
 from tianji.transports._framing import PREAMBLE, encode_prefix
 
-from tianji.codec import encode
-from tianji.events import ArraysPublished, topic
-from tianji.service import Service
+from tianji.runtime.codec import encode
+from tianji.runtime.events import ArraysPublished, topic
+from tianji.runtime.service import Service
 
 BATCH = 500  # messages per hypothesis example
 EXAMPLES = 20  # 20 x 500 = 10,000 messages

@@ -16,9 +16,9 @@ pytestmark = pytest.mark.slow
 
 PUBLISHER = """
 import asyncio, sys
-from tianji.events import ArraysPublished
-from tianji.runtime import run
-from tianji.service import Service
+from tianji.runtime.events import ArraysPublished
+from tianji.runtime.loop import run
+from tianji.runtime.service import Service
 
 async def main():
     svc = Service("idle-pub", bind=sys.argv[1], publishes=[ArraysPublished])
@@ -34,9 +34,9 @@ run(main())
 
 SUBSCRIBER = """
 import asyncio, sys
-from tianji.events import ArraysPublished
-from tianji.runtime import run
-from tianji.service import Service
+from tianji.runtime.events import ArraysPublished
+from tianji.runtime.loop import run
+from tianji.runtime.service import Service
 
 async def main():
     svc = Service("idle-sub", bind=sys.argv[1])

@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from tianji.demo import demo_specs
-from tianji.errors import ConfigError, ServiceFailed
 from tianji.launch.local import LocalLauncher, run_local
 from tianji.launch.spec import ServiceSpec, build_service
+from tianji.run.demo import demo_specs
+from tianji.runtime.errors import ConfigError, ServiceFailed
 from tianji.testing import processes_with_arg
 
 pytestmark = pytest.mark.slow
@@ -116,8 +116,8 @@ def test_children_die_with_a_killed_launcher() -> None:
 
 def test_a_spec_naming_an_unknown_factory_is_a_config_error() -> None:
     with pytest.raises(ConfigError) as info:
-        build_service(ServiceSpec(name="x", factory="tianji.demo:NoSuchService"))
-    assert info.value.value == "tianji.demo:NoSuchService"
+        build_service(ServiceSpec(name="x", factory="tianji.run.demo:NoSuchService"))
+    assert info.value.value == "tianji.run.demo:NoSuchService"
     with pytest.raises(ConfigError):
         ServiceSpec(name="x", factory="no-colon")
     with pytest.raises(ConfigError):
@@ -125,7 +125,7 @@ def test_a_spec_naming_an_unknown_factory_is_a_config_error() -> None:
 
 
 def test_a_child_failing_at_startup_fails_the_run() -> None:
-    specs = [ServiceSpec(name="bad-0", factory="tianji.demo:Producer", options={"nope": 1})]
+    specs = [ServiceSpec(name="bad-0", factory="tianji.run.demo:Producer", options={"nope": 1})]
     launcher = LocalLauncher(specs, until=lambda c: False, timeout=60)
     with pytest.raises(ServiceFailed) as info:
         run_local(launcher)

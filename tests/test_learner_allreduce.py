@@ -21,12 +21,12 @@ import numpy as np
 import pytest
 from torch import nn
 
-from tianji.config import EnvConfig, LearnerConfig, RunConfig, to_dict
-from tianji.controller import Controller
-from tianji.errors import ConfigError, ServiceFailed
-from tianji.events import BatchRequested, GradientsShared, ParamsPublished, SampleBatch
-from tianji.service import Service
-from tianji.services import LEARNER_PARAMS, REQUESTS, batches_topic
+from tianji.rl.config import EnvConfig, LearnerConfig, RunConfig, to_dict
+from tianji.rl.events import BatchRequested, GradientsShared, ParamsPublished, SampleBatch
+from tianji.rl.topics import LEARNER_PARAMS, REQUESTS, batches_topic
+from tianji.runtime.controller import Controller
+from tianji.runtime.errors import ConfigError, ServiceFailed
+from tianji.runtime.service import Service
 from tianji.services.allreduce import AllReduce, average
 from tianji.services.learner import LearnerService
 from tianji.testing import run_async

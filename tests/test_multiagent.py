@@ -17,11 +17,11 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from tianji.buffers import ReplayBuffer, RolloutBuffer
-from tianji.config import EnvConfig, RunConfig
-from tianji.envs import env_spaces_and_state, make_vector_env
-from tianji.errors import ConfigError
-from tianji.multiagent import ParallelEnvAdapter, pettingzoo_factory
+from tianji.rl.buffers import ReplayBuffer, RolloutBuffer
+from tianji.rl.config import EnvConfig, RunConfig
+from tianji.rl.envs import env_spaces_and_state, make_vector_env
+from tianji.rl.multiagent import ParallelEnvAdapter, pettingzoo_factory
+from tianji.runtime.errors import ConfigError
 from tianji.services.actor import FragmentCollector
 from tianji.services.common import make_algorithm, transitions
 
@@ -299,10 +299,10 @@ def test_mappo_restored_from_its_state_dict_makes_the_identical_next_update() ->
 def test_a_multi_agent_checkpoint_restores_exactly_and_plays_team_episodes_in_eval(
     tmp_path: Path, algorithm: str
 ) -> None:
-    from tianji.checkpoint import algorithm_state, pack_state, read_checkpoint, write_checkpoint
-    from tianji.config import load_config
-    from tianji.evaluate import evaluate, load_policy
-    from tianji.rundir import RunDirectory
+    from tianji.rl.checkpoint import algorithm_state, pack_state, read_checkpoint, write_checkpoint
+    from tianji.run.config import load_config
+    from tianji.run.evaluate import evaluate, load_policy
+    from tianji.run.rundir import RunDirectory
 
     config = load_config(EXAMPLES / f"spread_{algorithm}.toml", [f'run_dir="{tmp_path}"'])
     run_dir = tmp_path / "run"

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tianji.config import EnvConfig
-from tianji.envs import random_policy_returns
+from tianji.rl.config import EnvConfig
+from tianji.rl.envs import random_policy_returns
 
 pytest.importorskip("mpe2")
 

@@ -13,7 +13,7 @@ import tianji
 from tianji.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-IMPORTS = "import tianji, tianji.transports.tcp, tianji.transports.inproc, tianji.codec"
+IMPORTS = "import tianji, tianji.transports.tcp, tianji.transports.inproc, tianji.runtime.codec"
 
 
 def _python(code: str, cwd: Path, env: dict[str, str] | None = None) -> str:

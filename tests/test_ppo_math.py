@@ -17,8 +17,8 @@ from tianji.algorithms.ppo import (
     value_loss,
 )
 
-from tianji.core import Algorithm
-from tianji.errors import ConfigError
+from tianji.rl.algorithm import Algorithm
+from tianji.runtime.errors import ConfigError
 
 GAMMA, LAM = 0.9, 0.5
 

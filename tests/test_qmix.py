@@ -11,7 +11,7 @@ from gymnasium import spaces
 from tianji.algorithms._multiagent import agent_inputs
 from tianji.algorithms.qmix import QMIX, QMixer, n_step_transitions_ma
 
-from tianji.errors import ConfigError
+from tianji.runtime.errors import ConfigError
 
 A, D, S, ACTIONS = 3, 4, 6, 5
 OBS = spaces.Box(-1.0, 1.0, (A, D), np.float32)

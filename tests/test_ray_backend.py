@@ -12,14 +12,15 @@ from types import ModuleType
 
 import pytest
 
-from tianji.config import RayConfig, load_config
-from tianji.controller import Controller
-from tianji.demo import demo_specs
-from tianji.errors import ConfigError, ServiceFailed
 from tianji.launch.base import run_launcher
 from tianji.launch.ray import RayLauncher, role_of
 from tianji.launch.spec import ServiceSpec
-from tianji.training import build_specs, train
+from tianji.rl.config import RayConfig
+from tianji.run.config import load_config
+from tianji.run.demo import demo_specs
+from tianji.run.plan import build_specs, train
+from tianji.runtime.controller import Controller
+from tianji.runtime.errors import ConfigError, ServiceFailed
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 PPO = EXAMPLES / "cartpole_ppo.toml"
@@ -145,7 +146,7 @@ def test_a_killed_ray_actor_fails_the_run_and_leaves_no_actor_process(
 @pytest.mark.slow
 def test_a_run_that_cannot_be_placed_is_refused_before_it_starts(local_ray: ModuleType) -> None:
     launcher = RayLauncher(
-        [ServiceSpec(name="learner-0", factory="tianji.demo:Consumer")],
+        [ServiceSpec(name="learner-0", factory="tianji.run.demo:Consumer")],
         until=lambda c: False,
         resources=RayConfig(num_gpus={"learner": 1}),  # the local Ray has no GPU
     )
@@ -161,7 +162,7 @@ def test_stop_reaches_a_service_actor_while_it_runs(local_ray: ModuleType) -> No
     from tianji.launch.ray import ServiceActor
 
     actor = local_ray.remote(ServiceActor).options(max_concurrency=2, num_cpus=0.1).remote()
-    spec = ServiceSpec(name="relay-0", factory="tianji.demo:Relay")  # no controller needed
+    spec = ServiceSpec(name="relay-0", factory="tianji.run.demo:Relay")  # no controller needed
     done = actor.run.remote(spec.to_json())
     assert local_ray.get(actor.pid.remote(), timeout=60) > 0
     ready, _ = local_ray.wait([done], timeout=1.0)

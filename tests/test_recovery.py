@@ -17,11 +17,14 @@ from typing import Any
 
 import pytest
 
-from tianji.config import RecoveryConfig, RunConfig, load_config
-from tianji.controller import Controller, accounting
-from tianji.errors import ConfigError
-from tianji.events import Heartbeat
-from tianji.recovery import role_of
+from tianji.rl.balance import BalanceConfig
+from tianji.rl.config import RecoveryConfig, RunConfig
+from tianji.run.config import load_config
+from tianji.run.recovery import role_of
+from tianji.runtime.controller import Controller
+from tianji.runtime.errors import ConfigError
+from tianji.runtime.events import Heartbeat
+from tianji.services.balancer import Balancer, accounting
 
 ROOT = Path(__file__).resolve().parents[1]
 PPO = ROOT / "examples" / "cartpole_ppo.toml"
@@ -59,7 +62,7 @@ def test_recovery_settings_are_checked_naming_the_key() -> None:
 
 
 def test_a_retired_incarnation_keeps_its_counts_and_what_it_held_is_lost_in_restart() -> None:
-    controller = Controller()
+    controller = Controller(plugins=[Balancer(BalanceConfig())])
     controller.heartbeats = {
         "actor-0": _hb("actor-0", "actor", {"samples_produced": 1000}),
         "buffer-0": _hb("buffer-0", "buffer", {"samples_inserted": 1000}, buffered_samples=1000),

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from tianji import transports
-from tianji.core import Limits, Transport
-from tianji.errors import ConfigError, RegistryError
-from tianji.runtime import loop_factory, run
+from tianji.runtime import plugins
+from tianji.runtime.core import Limits, Transport
+from tianji.runtime.errors import ConfigError, RegistryError
+from tianji.runtime.loop import loop_factory, run
 
 THIRD_PARTY = '''
 from tianji.transports.inproc import InprocTransport
@@ -47,7 +48,8 @@ def third_party_package(tmp_path: Path) -> Iterator[None]:
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop("tianji_loop", None)
-        transports._instances.pop("loop", None)
+        plugins._transports.pop("loop", None)
+        plugins.TRANSPORTS._registered.pop("loop", None)
 
 
 def test_in_tree_transports_are_registered() -> None:

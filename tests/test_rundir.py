@@ -17,16 +17,17 @@ import pytest
 from rich.console import Console
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tianji import progress
 from tianji.cli import build_parser
-from tianji.config import RunConfig, StopConfig, load_config
-from tianji.controller import Controller, ServiceRecord
-from tianji.deploy import config_digest
-from tianji.errors import ConfigError
-from tianji.events import Heartbeat
-from tianji.progress import RunFacts, Snapshot, take_snapshot
-from tianji.rundir import RunDirectory, RunRecorder, TensorBoard, run_name, write_json_atomic
-from tianji.training import RunPlan, TrainMonitor, config_from_args
+from tianji.rl.config import RunConfig, StopConfig
+from tianji.run import progress
+from tianji.run.config import load_config
+from tianji.run.deploy import config_digest
+from tianji.run.plan import RunPlan, TrainMonitor, config_from_args
+from tianji.run.progress import RunFacts, Snapshot, take_snapshot
+from tianji.run.rundir import RunDirectory, RunRecorder, TensorBoard, run_name, write_json_atomic
+from tianji.runtime.controller import Controller, ServiceRecord
+from tianji.runtime.errors import ConfigError
+from tianji.runtime.events import Heartbeat
 
 ROOT = Path(__file__).resolve().parents[1]
 PPO = ROOT / "examples" / "cartpole_ppo.toml"

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 from tianji import transports
-from tianji.codec import encode
-from tianji.controller import Controller
-from tianji.core import Limits, ServiceState
-from tianji.errors import BrokenByPeer, EndOfStream, ServiceFailed, WouldBlock
-from tianji.events import ArraysPublished, Heartbeat, topic
-from tianji.service import Service, ServiceOptions
+from tianji.runtime.codec import encode
+from tianji.runtime.controller import Controller
+from tianji.runtime.core import Limits, ServiceState
+from tianji.runtime.errors import BrokenByPeer, EndOfStream, ServiceFailed, WouldBlock
+from tianji.runtime.events import ArraysPublished, Heartbeat, topic
+from tianji.runtime.service import Service, ServiceOptions
 from tianji.testing import LISTEN_ADDRESSES, free_tcp_port, run_async
 
 SCHEMES = ["inproc", "tcp", "shm"]

@@ -24,8 +24,8 @@ from tianji.transports import _shmring
 from tianji.transports.shm import HELLO, HELLO_MAGIC, ShmConnection, socket_address
 
 from tianji import transports
-from tianji.core import Limits
-from tianji.errors import BadFrame, BrokenByPeer, EndOfStream, WouldBlock
+from tianji.runtime.core import Limits
+from tianji.runtime.errors import BadFrame, BrokenByPeer, EndOfStream, WouldBlock
 from tianji.testing import run_async
 
 MiB = 1 << 20
@@ -77,8 +77,8 @@ async def shm_link(
 CHILD_PRELUDE = """
 import asyncio, sys
 from tianji import transports
-from tianji.core import Limits
-from tianji.runtime import run
+from tianji.runtime.core import Limits
+from tianji.runtime.loop import run
 """
 
 KILLED_CHILD = (

@@ -12,9 +12,9 @@ from tianji.transports import tcp
 from tianji.transports._auth import NONCE_BYTES, load_token
 from tianji.transports._framing import PREAMBLE, encode_prefix
 
-from tianji.core import Limits
-from tianji.errors import BrokenByPeer, ConfigError
-from tianji.training import run_token
+from tianji.run.plan import run_token
+from tianji.runtime.core import Limits
+from tianji.runtime.errors import BrokenByPeer, ConfigError
 
 LIMITS = Limits()
 

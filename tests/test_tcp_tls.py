@@ -11,8 +11,8 @@ import pytest
 from tianji.transports import tcp
 from tianji.transports._tls import TlsFiles, tls_from_env
 
-from tianji.core import Limits
-from tianji.errors import BrokenByPeer, ConfigError
+from tianji.runtime.core import Limits
+from tianji.runtime.errors import BrokenByPeer, ConfigError
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
 LIMITS = Limits()
@@ -105,6 +105,8 @@ def test_tls_settings_from_the_environment_are_checked(
 
 
 def test_tls_links_work_on_the_runtime_event_loop(pki: dict[str, TlsFiles]) -> None:
-    from tianji.runtime import run  # uvloop when installed: its TLS path differs from asyncio's
+    from tianji.runtime.loop import (
+        run,  # uvloop when installed: its TLS path differs from asyncio's
+    )
 
     assert run(exchange(pki["server"], pki["client"])) == b"hiback"

@@ -5,9 +5,10 @@ later). A transport whose module does not import yet is skipped with the import 
 the reason. A new transport adds one entry to :data:`LISTEN_ADDRESSES` (and, if it runs
 over a raw byte stream, one to :data:`RAW_STREAMS`).
 
-The tests drive the :class:`tianji.core.Connection` / :class:`~tianji.core.Listener` /
-:class:`~tianji.core.Transport` protocols only. pytest-asyncio is not used: every test runs
-its coroutine with :func:`run`, which also bounds it with a timeout so a hang fails.
+The tests drive the :class:`tianji.runtime.core.Connection` /
+:class:`~tianji.runtime.core.Listener` / :class:`~tianji.runtime.core.Transport` protocols
+only. pytest-asyncio is not used: every test runs its coroutine with :func:`run`, which also
+bounds it with a timeout so a hang fails.
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ import pytest
 import tianji.transports
 from tianji.transports._framing import PREAMBLE
 
-from tianji.codec import decode, encode
-from tianji.core import Connection, ConnectionStatistics, Limits, Listener, Transport
-from tianji.errors import (
+from tianji.runtime.codec import decode, encode
+from tianji.runtime.core import Connection, ConnectionStatistics, Limits, Listener, Transport
+from tianji.runtime.errors import (
     BadFrame,
     BrokenByPeer,
     ClosedByUs,
@@ -38,7 +39,7 @@ from tianji.errors import (
     TianjiError,
     WouldBlock,
 )
-from tianji.events import ArraysPublished
+from tianji.runtime.events import ArraysPublished
 
 T = TypeVar("T")
 

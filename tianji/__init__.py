@@ -1,7 +1,7 @@
 """tianji: a runtime for distributed reinforcement learning.
 
-Start with :mod:`tianji.core` (the vocabulary), then :mod:`tianji.events` and
-:mod:`tianji.service`.
+Start with :mod:`tianji.runtime.core` (the vocabulary), then :mod:`tianji.runtime.events` and
+:mod:`tianji.runtime.service`.
 """
 
 from importlib.metadata import PackageNotFoundError, version

@@ -10,7 +10,7 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tianji.runtime import run
+from tianji.runtime.loop import run
 
 __all__ = ["free_tcp_port", "processes_with_arg", "run_async", "LISTEN_ADDRESSES"]
 

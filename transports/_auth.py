@@ -21,7 +21,7 @@ import hmac
 import os
 from pathlib import Path
 
-from tianji.errors import BadFrame, ConfigError
+from tianji.runtime.errors import BadFrame, ConfigError
 
 __all__ = ["NONCE_BYTES", "PROOF_BYTES", "Handshake", "load_token", "token_from_env"]
 

@@ -11,7 +11,7 @@ Stream layout::
 :class:`FrameParser` receives into its own preallocated buffer and, for large frames, hands
 out the frame's final destination, so the kernel writes payloads straight where they end
 up (``asyncio.BufferedProtocol``). Declared counts and lengths are checked against the
-:class:`~tianji.core.Limits` before anything is allocated.
+:class:`~tianji.runtime.core.Limits` before anything is allocated.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from tianji.transports._auth import NONCE_BYTES, PROOF_BYTES, Handshake
 
-from tianji.errors import BadFrame
+from tianji.runtime.errors import BadFrame
 
 __all__ = ["GOODBYE", "PREAMBLE", "FrameParser", "encode_prefix"]
 

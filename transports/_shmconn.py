@@ -2,7 +2,7 @@
 
 The connection owns the Unix socket of the link (hello, doorbells, EOF) and the two ring
 ends (:mod:`tianji.transports._shmqueue`); it turns their state into the
-:class:`tianji.core.Connection` behaviour: waiting, errors, closing.
+:class:`tianji.runtime.core.Connection` behaviour: waiting, errors, closing.
 
 Hello (32 bytes, each side sends one first)::
 
@@ -34,8 +34,15 @@ from tianji.transports._shmqueue import (
 )
 from tianji.transports._shmring import Ring, ring_size
 
-from tianji.core import ConnectionStatistics, Frames, Limits
-from tianji.errors import BadFrame, BrokenByPeer, ClosedByUs, EndOfStream, TianjiError, WouldBlock
+from tianji.runtime.core import ConnectionStatistics, Frames, Limits
+from tianji.runtime.errors import (
+    BadFrame,
+    BrokenByPeer,
+    ClosedByUs,
+    EndOfStream,
+    TianjiError,
+    WouldBlock,
+)
 
 __all__ = ["HELLO", "HELLO_MAGIC", "ShmConnection"]
 
@@ -49,7 +56,7 @@ DOORBELL = b"\x01"
 
 
 class ShmConnection:
-    """One end of a shared-memory link. See :class:`tianji.core.Connection`.
+    """One end of a shared-memory link. See :class:`tianji.runtime.core.Connection`.
 
     Beyond that protocol, :meth:`recv_lease` receives without copying.
     """

@@ -46,8 +46,8 @@ from tianji.transports._shmring import (
     table,
 )
 
-from tianji.core import Limits
-from tianji.errors import BadFrame
+from tianji.runtime.core import Limits
+from tianji.runtime.errors import BadFrame
 
 __all__ = ["RingReader", "RingWriter", "ShmLease", "layout"]
 

@@ -40,7 +40,7 @@ import stat
 import struct
 from pathlib import Path
 
-from tianji.errors import BadFrame
+from tianji.runtime.errors import BadFrame
 
 __all__ = ["Ring", "sweep_stale_segments"]
 

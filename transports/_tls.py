@@ -15,7 +15,7 @@ import os
 import ssl
 from pathlib import Path
 
-from tianji.errors import ConfigError
+from tianji.runtime.errors import ConfigError
 
 __all__ = ["TlsFiles", "client_context", "server_context", "tls_from_env"]
 

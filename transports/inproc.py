@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 
-from tianji.core import ConnectionStatistics, Frames, Limits
-from tianji.errors import BrokenByPeer, ClosedByUs, EndOfStream, TianjiError
-from tianji.queues import BoundedQueue
+from tianji.runtime.core import ConnectionStatistics, Frames, Limits
+from tianji.runtime.errors import BrokenByPeer, ClosedByUs, EndOfStream, TianjiError
+from tianji.runtime.queues import BoundedQueue
 
 __all__ = ["InprocConnection", "InprocListener", "InprocTransport"]
 
@@ -22,7 +22,7 @@ _ids = itertools.count(1)
 
 
 class InprocConnection:
-    """One end of an in-process link. See :class:`tianji.core.Connection`."""
+    """One end of an in-process link. See :class:`tianji.runtime.core.Connection`."""
 
     def __init__(self, local: str, peer: str, limits: Limits) -> None:
         self._local = local

@@ -39,9 +39,9 @@ from tianji.transports._shmconn import HELLO, HELLO_MAGIC, ShmConnection
 from tianji.transports._shmqueue import ShmLease
 from tianji.transports._shmring import sweep_stale_segments
 
-from tianji.core import Limits
-from tianji.errors import BrokenByPeer, ClosedByUs
-from tianji.queues import BoundedQueue
+from tianji.runtime.core import Limits
+from tianji.runtime.errors import BrokenByPeer, ClosedByUs
+from tianji.runtime.queues import BoundedQueue
 
 __all__ = [
     "HELLO",

@@ -24,9 +24,16 @@ from tianji.transports._auth import Handshake, token_from_env
 from tianji.transports._framing import GOODBYE, PREAMBLE, FrameParser, encode_prefix
 from tianji.transports._tls import TlsFiles, client_context, server_context, tls_from_env
 
-from tianji.core import ConnectionStatistics, Frames, Limits
-from tianji.errors import BadFrame, BrokenByPeer, ClosedByUs, EndOfStream, TianjiError, WouldBlock
-from tianji.queues import BoundedQueue
+from tianji.runtime.core import ConnectionStatistics, Frames, Limits
+from tianji.runtime.errors import (
+    BadFrame,
+    BrokenByPeer,
+    ClosedByUs,
+    EndOfStream,
+    TianjiError,
+    WouldBlock,
+)
+from tianji.runtime.queues import BoundedQueue
 
 __all__ = ["TcpConnection", "TcpListener", "TcpTransport", "parse_tcp_address"]
 
@@ -184,7 +191,7 @@ class _StreamProtocol(asyncio.BufferedProtocol):
 
 
 class TcpConnection:
-    """A framed TCP link. See :class:`tianji.core.Connection` for the contract."""
+    """A framed TCP link. See :class:`tianji.runtime.core.Connection` for the contract."""
 
     def __init__(self, protocol: _StreamProtocol) -> None:
         self._p = protocol

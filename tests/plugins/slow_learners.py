@@ -9,7 +9,7 @@ import numpy as np
 from tianji.algorithms.dqn import DQN
 from tianji.algorithms.ppo import PPO
 
-from tianji.core import UpdateResult
+from tianji.rl.algorithm import UpdateResult
 
 DELAY_S = 0.2
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from tianji.errors import ConfigError
+from tianji.runtime.errors import ConfigError
 
 __all__ = ["DelayedEnv"]
 

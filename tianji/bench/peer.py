@@ -12,8 +12,8 @@ stdout: a :class:`~tianji.bench.measure.Throughput` (``messages``, ``nbytes``, `
 of the receiver's window) or, for a latency job, ``{"samples", "p50_us", "p99_us"}`` (from
 just before the sender's ``send`` to ``recv`` returning here).
 
-* ``tianji``: a tianji connection; every message is decoded with :mod:`tianji.codec` into
-  an :class:`~tianji.events.ArraysPublished` and checked (sequence number, payload size).
+* ``tianji``: a tianji connection; every message is decoded with :mod:`tianji.runtime.codec` into
+  an :class:`~tianji.runtime.events.ArraysPublished` and checked (sequence number, payload size).
 * ``raw-socket``: blocking ``recv_into`` (``MSG_WAITALL``) of an 8-byte length prefix and
   the payload into one reused buffer; the sender ends with EOF.
 * ``pyzmq``: a PULL socket receiving ``[8-byte seq, payload]``; a negative seq ends.
@@ -42,11 +42,11 @@ import numpy as np
 
 import tianji.transports
 from tianji.bench.measure import BenchError, RateWindow, Throughput, aligned_empty, percentile
-from tianji.codec import Codec
-from tianji.core import Connection, Limits
-from tianji.errors import EndOfStream
-from tianji.events import ArraysPublished
-from tianji.runtime import run
+from tianji.runtime.codec import Codec
+from tianji.runtime.core import Connection, Limits
+from tianji.runtime.errors import EndOfStream
+from tianji.runtime.events import ArraysPublished
+from tianji.runtime.loop import run
 
 __all__ = ["HEADER", "STAMP", "Job", "main", "receive_events", "receive_latency", "zmq_hwm"]
 

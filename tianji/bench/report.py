@@ -42,8 +42,8 @@ CEILINGS = ("raw-socket", "memcpy", "pyzmq")
 
 NOTES = (
     "inproc, tcp, shm: each message is a real ArraysPublished event (uint8 array of the payload",
-    "  size) encoded and decoded with tianji.codec; inproc runs both ends on one event loop,",
-    "  tcp and shm send from this process to a child process that decodes every event.",
+    "  size) encoded and decoded with tianji.runtime.codec; inproc runs both ends on one event",
+    "  loop; tcp and shm send from this process to a child process that decodes every event.",
     "raw-socket, pyzmq: the payload bytes plus an 8-byte header, no codec. raw-socket: blocking",
     "  sendmsg / recv_into (one reused buffer) over loopback TCP; pyzmq: PUSH/PULL over loopback",
     "  TCP, copy=False. Both also between this process and a child.",

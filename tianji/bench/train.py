@@ -199,8 +199,8 @@ def _worker() -> int:
     """Run one tianji training from a JSON run config on stdin; print its summary."""
     import io
 
-    from tianji.config import RunConfig, build_dataclass
-    from tianji.training import train
+    from tianji.rl.config import RunConfig, build_dataclass
+    from tianji.run.plan import train
 
     config: RunConfig = build_dataclass(RunConfig, json.loads(sys.stdin.read()), "")
     config = dataclasses.replace(config, run_dir="")  # the report keeps what a bench needs
@@ -525,7 +525,7 @@ def parse_seeds(text: str) -> tuple[int, ...]:
     Raises:
         ConfigError: naming the text when it is none of these.
     """
-    from tianji.errors import ConfigError
+    from tianji.runtime.errors import ConfigError
 
     try:
         if "," in text:
@@ -548,7 +548,7 @@ def parse_counts(flag: str, text: str) -> tuple[int | None, ...]:
     Raises:
         ConfigError: naming the flag and the text for anything but positive integers.
     """
-    from tianji.errors import ConfigError
+    from tianji.runtime.errors import ConfigError
 
     if not text:
         return (None,)
@@ -562,7 +562,7 @@ def parse_counts(flag: str, text: str) -> tuple[int | None, ...]:
 
 
 def _cmd(args: Any) -> int:
-    from tianji.errors import ConfigError
+    from tianji.runtime.errors import ConfigError
 
     algos = tuple(a for a in args.algos.split(",") if a)
     systems = tuple(s for s in args.systems.split(",") if s)

@@ -5,7 +5,7 @@ method, messages/s and bytes/s of:
 
 * ``inproc``, ``tcp``, ``shm`` - real events: ``ArraysPublished(seq, policy_version=0,
   arrays={"x": payload}, meta={})`` with a ``uint8`` payload, encoded with
-  :mod:`tianji.codec` and sent with ``await conn.send(frames)`` in a loop; the receiver
+  :mod:`tianji.runtime.codec` and sent with ``await conn.send(frames)`` in a loop; the receiver
   decodes every event (decoding is part of the cost). ``inproc`` runs both ends on one
   event loop; for ``tcp`` and ``shm`` this process sends and a child process
   (``python -m tianji.bench.peer``) receives.
@@ -55,10 +55,10 @@ from tianji.bench.measure import (
 from tianji.bench.peer import STAMP, Job, receive_events
 from tianji.bench.report import PAYLOADS, LatencyRow, Report, Row, Skip, format_rate, format_size
 from tianji.bench.spawn import spawn_peer
-from tianji.codec import Codec
-from tianji.core import Connection, Limits
-from tianji.events import ArraysPublished
-from tianji.runtime import run
+from tianji.runtime.codec import Codec
+from tianji.runtime.core import Connection, Limits
+from tianji.runtime.events import ArraysPublished
+from tianji.runtime.loop import run
 
 __all__ = ["MEASURES", "run_transport_bench", "send_events"]
 

@@ -13,11 +13,11 @@ import ipaddress
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TextIO
 
-from tianji.config import RunConfig
 from tianji.dashboard.model import RunMonitor
-from tianji.errors import ConfigError
 from tianji.launch.base import Launcher, LaunchResult, run_launcher
-from tianji.runtime import run
+from tianji.rl.config import RunConfig
+from tianji.runtime.errors import ConfigError
+from tianji.runtime.loop import run
 
 __all__ = [
     "DEFAULT",
@@ -115,7 +115,7 @@ def run_with_dashboard(
 
 
 class PlannedRun(Protocol):
-    """What :func:`launch_plan` reads of a :class:`~tianji.training.RunPlan`."""
+    """What :func:`launch_plan` reads of a :class:`~tianji.run.plan.RunPlan`."""
 
     config: RunConfig
     on_policy: bool

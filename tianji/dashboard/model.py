@@ -16,8 +16,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from tianji.controller import Balancer, Controller, accounting, dropped_by_reason, lag_summary
-from tianji.events import Heartbeat
+from tianji.runtime.controller import Controller
+from tianji.runtime.events import Heartbeat
+from tianji.services.balancer import (
+    Balancer,
+    accounting,
+    balancer_of,
+    dropped_by_reason,
+    lag_summary,
+)
 
 __all__ = [
     "MetricsHistory",
@@ -32,7 +39,7 @@ __all__ = [
 
 
 class RunMonitor(Protocol):
-    """What the dashboard reads from the run's monitor (:class:`~tianji.training.TrainMonitor`)."""
+    """What the dashboard reads from the run's monitor (:class:`~tianji.run.plan.TrainMonitor`)."""
 
     episodes: int
     returns: collections.deque[float]
@@ -95,8 +102,9 @@ def sample(
     if previous is not None and t > previous.t:
         rate = max(0.0, (steps - previous.env_steps) / (t - previous.t))
     production = consumption = None
-    if controller.balancer is not None:
-        production, consumption = controller.balancer.rates()
+    balancer = balancer_of(controller)
+    if balancer is not None:
+        production, consumption = balancer.rates()
     lag = lag_summary(beats)
     return Sample(
         t=round(t, 3),
@@ -261,7 +269,7 @@ def status(
     counters = now.to_json()
     del counters["t"], counters["env_steps_per_s"]
     counters["samples_dropped"] = dropped_by_reason(beats)
-    balance = controller.balancer.metrics(beats) if controller.balancer is not None else None
+    balance = balancer.metrics(beats) if (balancer := balancer_of(controller)) is not None else None
     return {
         "run_id": controller.run_id,
         "title": title,

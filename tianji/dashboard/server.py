@@ -31,9 +31,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from tianji.controller import Controller, dropped_by_reason
 from tianji.dashboard.model import MetricsHistory, RunMonitor, sample, services, status
-from tianji.errors import ConfigError
+from tianji.runtime.controller import Controller
+from tianji.runtime.errors import ConfigError
+from tianji.services.balancer import dropped_by_reason
 
 __all__ = ["Dashboard", "make_app"]
 
@@ -50,7 +51,7 @@ class Dashboard:
         controller: the run's controller (in this event loop).
         monitor: returns the run's monitor, ``None`` until it exists.
         title: shown on the page (e.g. ``"ppo on CartPole-v1"``).
-        on_policy: how :func:`~tianji.controller.accounting` counts consumed samples.
+        on_policy: how :func:`~tianji.runtime.controller.accounting` counts consumed samples.
         expected: names of the run's services, listed as ``waiting`` until they join.
         interval: seconds between samples.
         capacity: samples kept (at 1 s, the last ~33 minutes).

@@ -19,13 +19,12 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
-from tianji.balance import BalanceConfig
-from tianji.controller import Controller
-from tianji.errors import ConfigError, ServiceFailed
-from tianji.events import ServiceReported
 from tianji.launch.spec import ServiceSpec
-from tianji.runtime import run
-from tianji.service import Service, ServiceOptions
+from tianji.runtime.controller import Controller, ControllerPlugin
+from tianji.runtime.errors import ConfigError, ServiceFailed
+from tianji.runtime.events import ServiceReported
+from tianji.runtime.loop import run
+from tianji.runtime.service import Service, ServiceOptions
 
 __all__ = [
     "Handle",
@@ -147,7 +146,8 @@ class Launcher:
         options: runtime options of the controller.
         local_services: ``f(controller_address)`` builds extra services (e.g. a monitor)
             that run in this loop for the whole run.
-        balance: when given, the controller balances production and consumption.
+        plugins: what the controller runs beside its registry (e.g. the run's
+            :class:`~tianji.services.balancer.Balancer`).
         before_stop: awaited (with the reason, at most ``grace`` seconds) before a run that
             ends cleanly (complete, SIGTERM, Ctrl-C once running) is stopped, while every
             service still runs: e.g. take a last checkpoint.
@@ -170,7 +170,7 @@ class Launcher:
         grace: float = 10.0,
         options: ServiceOptions | None = None,
         local_services: Callable[[str], Sequence[Service]] | None = None,
-        balance: BalanceConfig | None = None,
+        plugins: Sequence[ControllerPlugin] = (),
         before_stop: BeforeStop | None = None,
         restarts: RestartPolicy | None = None,
     ) -> None:
@@ -184,7 +184,7 @@ class Launcher:
         self.progress = progress
         self.progress_interval = progress_interval
         self.grace = grace
-        self.controller = Controller(bind=controller_bind, options=options, balance=balance)
+        self.controller = Controller(bind=controller_bind, options=options, plugins=plugins)
         self.children: dict[str, Handle] = {}
         self.local_services = local_services
         self.before_stop = before_stop

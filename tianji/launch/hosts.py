@@ -21,8 +21,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tianji.controller import Controller
 from tianji.launch.local import LocalLauncher
+from tianji.runtime.controller import Controller
 
 __all__ = ["HostLauncher"]
 

@@ -8,7 +8,7 @@ timeout. In every case every child is stopped: Shutdown first, then SIGTERM, the
 
 Usage::
 
-    specs = [ServiceSpec(name="producer-0", factory="tianji.demo:Producer", options={...}), ...]
+    specs = [ServiceSpec(name="producer-0", factory="tianji.run.demo:Producer", options={...}), ...]
     launcher = LocalLauncher(specs, until=lambda c: "consumer-0" in c.reports, timeout=120)
     result = run_local(launcher)
 """
@@ -25,7 +25,6 @@ import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from tianji.controller import Controller
 from tianji.launch.base import (
     Handle,
     Launcher,
@@ -35,6 +34,7 @@ from tianji.launch.base import (
     run_launcher,
 )
 from tianji.launch.spec import ServiceSpec, build_service
+from tianji.runtime.controller import Controller
 
 __all__ = ["LaunchResult", "LocalLauncher", "print_progress", "run_local"]
 
@@ -69,7 +69,7 @@ class LocalLauncher(Launcher):
         in_process: run every service as a task in this loop instead of a process each
             (with ``inproc://`` binds this is the one-process debugging mode).
         until, timeout, controller_bind, progress, progress_interval, grace, options,
-            local_services, balance: as for :class:`~tianji.launch.base.Launcher`.
+            local_services, plugins: as for :class:`~tianji.launch.base.Launcher`.
     """
 
     def __init__(

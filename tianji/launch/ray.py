@@ -1,7 +1,7 @@
 """Run a graph of services as Ray actors (``tianji train CONFIG --backend ray``).
 
 Each :class:`ServiceSpec` becomes one Ray actor (:class:`ServiceActor`) reserving the CPUs
-and GPUs of its role (:class:`~tianji.config.RayConfig`); Ray only places and starts the
+and GPUs of its role (:class:`~tianji.rl.config.RayConfig`); Ray only places and starts the
 services. The controller and the ``local_services`` (the training monitor) stay in this
 process, and every byte of data still moves over tianji's own TCP links, never through
 Ray's object store. The spec travels to the actor as a JSON dict.
@@ -18,7 +18,7 @@ Placement and addresses:
   one process).
 
 A dead actor (``ray.kill``, a crashed worker, a lost node) ends the run like a dead child
-process: the others are stopped and :class:`~tianji.errors.ServiceFailed` names it. Ray
+process: the others are stopped and :class:`~tianji.runtime.errors.ServiceFailed` names it. Ray
 never restarts a service (``max_restarts=0``). Every actor of the run is killed when the
 run ends; Ray is shut down only if this launcher started it.
 
@@ -41,12 +41,12 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
-from tianji.config import RayConfig
-from tianji.errors import ConfigError, ServiceFailed
 from tianji.launch.base import Handle, Launcher
 from tianji.launch.spec import ServiceSpec, build_service
-from tianji.runtime import run
-from tianji.service import Service
+from tianji.rl.config import RayConfig
+from tianji.runtime.errors import ConfigError, ServiceFailed
+from tianji.runtime.loop import run
+from tianji.runtime.service import Service
 
 __all__ = ["RayLauncher", "ServiceActor", "import_ray", "role_of"]
 
@@ -209,7 +209,7 @@ class RayLauncher(Launcher):
         resources: CPUs and GPUs per role (:func:`role_of`); defaults to ``RayConfig()``.
         placement_timeout: seconds every actor gets to be placed and started.
         until, timeout, controller_bind, progress, progress_interval, grace, options,
-            local_services, balance: as for :class:`~tianji.launch.base.Launcher`.
+            local_services, plugins: as for :class:`~tianji.launch.base.Launcher`.
 
     Raises:
         ConfigError: if Ray is not installed, or a spec does not bind ``tcp://``.

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import importlib.util
 import json
-import sys
-from pathlib import Path
 from typing import Any
 
-from tianji.errors import ConfigError
-from tianji.service import Service
+from tianji.runtime.errors import ConfigError
+from tianji.runtime.plugins import load_factory
+from tianji.runtime.service import Service
 
 __all__ = ["ServiceSpec", "build_service", "load_factory"]
 
@@ -61,32 +58,6 @@ class ServiceSpec:
         if unknown:
             raise ConfigError("service", sorted(unknown), f"only keys {sorted(fields)}")
         return cls(**data)
-
-
-def load_factory(spec: str) -> Any:
-    """Resolve ``"module:attr"`` or ``"file.py:attr"``.
-
-    Raises:
-        ConfigError: naming the spec, if the module or attribute cannot be found.
-    """
-    module_name, _, attr = spec.partition(":")
-    try:
-        if module_name.endswith(".py"):
-            path = Path(module_name).resolve()
-            name = f"tianji_user.{path.stem}"
-            module = sys.modules.get(name)
-            if module is None or getattr(module, "__file__", None) != str(path):
-                mod_spec = importlib.util.spec_from_file_location(name, path)
-                if mod_spec is None or mod_spec.loader is None:
-                    raise ImportError(f"cannot load {path}")
-                module = importlib.util.module_from_spec(mod_spec)
-                sys.modules[name] = module  # dataclasses and pickling-free typing need it
-                mod_spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(module_name)
-        return getattr(module, attr)
-    except (ImportError, AttributeError, OSError) as exc:
-        raise ConfigError("factory", spec, f"an importable 'module:attribute' ({exc})") from None
 
 
 def build_service(spec: ServiceSpec) -> Service:

@@ -17,8 +17,8 @@ import signal
 import sys
 
 from tianji.launch.spec import ServiceSpec, build_service
-from tianji.runtime import run
-from tianji.service import Service
+from tianji.runtime.loop import run
+from tianji.runtime.service import Service
 
 log = logging.getLogger("tianji.worker")
 _PR_SET_PDEATHSIG = 1

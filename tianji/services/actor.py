@@ -10,12 +10,11 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from tianji.balance import min_replay_total
-from tianji.envs import make_vector_env
-from tianji.events import (
+from tianji.rl.balance import min_replay_total
+from tianji.rl.envs import make_vector_env
+from tianji.rl.events import (
     ActionsComputed,
     EpisodesFinished,
-    Event,
     ObservationsReady,
     ParamsPublished,
     PauseProduction,
@@ -23,15 +22,16 @@ from tianji.events import (
     ResumeProduction,
     TrajectoryCollected,
 )
-from tianji.multiagent import is_multi_agent
-from tianji.service import Service
-from tianji.services import (
+from tianji.rl.multiagent import is_multi_agent
+from tianji.rl.topics import (
     EPISODES,
     LATEST_PARAMS,
     OBSERVATIONS,
     actions_topic,
     trajectories_topic,
 )
+from tianji.runtime.events import Event
+from tianji.runtime.service import Service
 from tianji.services.common import (
     apply_run_options,
     make_algorithm,
@@ -49,7 +49,7 @@ class FragmentCollector:
 
     Pure logic (no asyncio): it keeps the current observations and per-env episode
     returns between fragments, and reports the episodes that finished. With multi-agent
-    envs (``tianji.multiagent``) every step also records ``state``, ``next_state`` (the
+    envs (``tianji.rl.multiagent``) every step also records ``state``, ``next_state`` (the
     true one at episode ends) and ``agent_reward`` from the env's info.
     """
 

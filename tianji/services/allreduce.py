@@ -1,7 +1,7 @@
 """Gradient all-reduce between data-parallel learners, over tianji's own transports.
 
 Each of the K learners publishes its flat float32 gradient of every optimizer step as
-:class:`~tianji.events.GradientsShared` on its own topic (:func:`gradients_topic`) and
+:class:`~tianji.runtime.events.GradientsShared` on its own topic (:func:`gradients_topic`) and
 subscribes to the K-1 others. Once it holds all K vectors of a step it averages them in
 learner-index order: every learner runs the same float operations on the same inputs, so
 the means are bit-identical and so are the weights after ``optimizer.step()``.
@@ -13,7 +13,7 @@ is bounded; a vector for a past step is counted (``allreduce/late``), a second o
 same step too (``allreduce/duplicate``). A peer that does not answer within ``timeout``
 seconds, a peer far out of step, a gradient of another size or weights that differ (the
 ``digest`` of the weights before a step, compared every :attr:`AllReduce.DIGEST_EVERY`
-steps and at step 0) fail the step with :class:`~tianji.errors.SyncFailed`, naming the
+steps and at step 0) fail the step with :class:`~tianji.runtime.errors.SyncFailed`, naming the
 peer and the step.
 """
 
@@ -27,9 +27,9 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 import numpy as np
 
-from tianji.errors import SyncFailed
-from tianji.events import GradientsShared
-from tianji.services import learner_name
+from tianji.rl.events import GradientsShared
+from tianji.rl.topics import learner_name
+from tianji.runtime.errors import SyncFailed
 
 __all__ = ["AllReduce", "average", "weights_digest"]
 

@@ -1,6 +1,6 @@
 """The buffer service: stores what actors produce, hands batches to the learner on request.
 
-Pure sampling logic lives in :mod:`tianji.buffers`; this shell moves events. It never
+Pure sampling logic lives in :mod:`tianji.rl.buffers`; this shell moves events. It never
 sends a batch the learner did not ask for (cumulative credit from :class:`BatchRequested`),
 so the learner's bounded queue is never overrun; with several learners each gets the
 batches it asked for on its own topic, the one served least so far first. On-policy
@@ -21,22 +21,19 @@ from typing import Any
 
 import numpy as np
 
-from tianji.buffers import ReplayBuffer, RolloutBuffer, make_buffer
-from tianji.checkpoint import pack_state, unpack_state
-from tianji.core import BufferSpec, Connection
-from tianji.errors import ConfigError
-from tianji.events import (
+from tianji.rl.algorithm import BufferSpec
+from tianji.rl.buffers import ReplayBuffer, RolloutBuffer, make_buffer
+from tianji.rl.checkpoint import pack_state, unpack_state
+from tianji.rl.events import (
     BatchRequested,
     CheckpointRequested,
     CheckpointRestored,
     CheckpointTaken,
-    Event,
     PrioritiesUpdated,
     SampleBatch,
     TrajectoryCollected,
 )
-from tianji.service import Service
-from tianji.services import (
+from tianji.rl.topics import (
     REQUESTS,
     batches_topic,
     buffer_name,
@@ -47,6 +44,10 @@ from tianji.services import (
     replay_snapshots_topic,
     trajectories_topic,
 )
+from tianji.runtime.core import Connection
+from tianji.runtime.errors import ConfigError
+from tianji.runtime.events import Event
+from tianji.runtime.service import Service
 from tianji.services.common import apply_run_options, parse_run_config, transitions
 
 __all__ = ["BufferService"]

@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tianji import algorithms
-from tianji.config import RunConfig, build_dataclass
-from tianji.envs import env_spaces_and_state
-from tianji.errors import ConfigError
+from tianji.rl.config import RunConfig, build_dataclass
+from tianji.rl.envs import env_spaces_and_state
+from tianji.runtime.errors import ConfigError
 
 if TYPE_CHECKING:
-    from tianji.service import Service
+    from tianji.runtime.service import Service
 
 __all__ = ["apply_run_options", "make_algorithm", "parse_run_config", "transitions"]
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from tianji.events import ActionsComputed, ObservationsReady, ParamsPublished
-from tianji.service import Service
-from tianji.services import LATEST_PARAMS, OBSERVATIONS, actions_topic
+from tianji.rl.events import ActionsComputed, ObservationsReady, ParamsPublished
+from tianji.rl.topics import LATEST_PARAMS, OBSERVATIONS, actions_topic
+from tianji.runtime.service import Service
 from tianji.services.common import make_algorithm, parse_run_config
 
 __all__ = ["InferenceService"]

@@ -25,23 +25,20 @@ from typing import Any
 
 import numpy as np
 
-from tianji.balance import LagStats
-from tianji.checkpoint import algorithm_state, pack_state, restore_algorithm, unpack_state
-from tianji.core import SupportsGradientSync
-from tianji.errors import ConfigError, SyncFailed, TianjiError
-from tianji.events import (
+from tianji.rl.algorithm import SupportsGradientSync
+from tianji.rl.balance import LagStats, publish_every
+from tianji.rl.checkpoint import algorithm_state, pack_state, restore_algorithm, unpack_state
+from tianji.rl.events import (
     BatchRequested,
     CheckpointRequested,
     CheckpointRestored,
     CheckpointTaken,
     ConsumptionGranted,
-    Event,
     ParamsPublished,
     PrioritiesUpdated,
     SampleBatch,
 )
-from tianji.service import Service
-from tianji.services import (
+from tianji.rl.topics import (
     CHECKPOINTS,
     LEARNER_PARAMS,
     REQUESTS,
@@ -53,6 +50,9 @@ from tianji.services import (
     priorities_topic,
     shards_of_learner,
 )
+from tianji.runtime.errors import ConfigError, SyncFailed, TianjiError
+from tianji.runtime.events import Event
+from tianji.runtime.service import Service
 from tianji.services.allreduce import AllReduce, weights_digest
 from tianji.services.common import apply_run_options, make_algorithm, parse_run_config
 
@@ -119,6 +119,7 @@ class LearnerService(Service):
         # weights. Weights published after every update would let each actor send one
         # fragment per update instead of one per round.
         self.publish_at_round_end = not self.on_policy and self.config.controller.mode == "sync"
+        self.publish_every = publish_every(self.config, self.algo.buffer_spec())
         self.lag = LagStats()
         self.limit: int | None = None
         self._granted = asyncio.Event()
@@ -444,7 +445,7 @@ class LearnerService(Service):
                 ),
                 self._priorities.get(batch.buffer, self._priorities[self.shards[0]]),
             )
-        publish = self.version % self.config.learner.publish_interval == 0
+        publish = self.version % self.publish_every == 0
         if self.index == 0 and publish and not self.publish_at_round_end:
             await self._publish_weights()
         await self._maybe_checkpoint()

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from tianji.core import Connection
-from tianji.events import ParamsPublished
-from tianji.service import Service
-from tianji.services import LATEST_PARAMS, LEARNER_PARAMS
+from tianji.rl.events import ParamsPublished
+from tianji.rl.topics import LATEST_PARAMS, LEARNER_PARAMS
+from tianji.runtime.core import Connection
+from tianji.runtime.service import Service
 
 __all__ = ["ParamsService"]
 

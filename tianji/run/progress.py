@@ -21,9 +21,10 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from tianji.balance import LagStats
-from tianji.controller import Controller, accounting
-from tianji.events import Heartbeat
+from tianji.rl.balance import LagStats
+from tianji.runtime.controller import Controller
+from tianji.runtime.events import Heartbeat
+from tianji.services.balancer import accounting, balancer_of
 
 __all__ = [
     "LiveDisplay",
@@ -44,7 +45,7 @@ STALE_AFTER = 5.0
 
 
 class Watcher(Protocol):
-    """What a snapshot reads from the run's monitor (:class:`tianji.training.TrainMonitor`)."""
+    """What a snapshot reads from the run's monitor (:class:`tianji.run.plan.TrainMonitor`)."""
 
     env_steps_by_actor: dict[str, int]
     episodes: int
@@ -181,7 +182,7 @@ def take_snapshot(
     counts, lag_sum = _lag_histogram(controller)
     clock = time.monotonic() if now is None else now
     up, stale, missing = _health(controller, facts.services, clock)
-    balancer = controller.balancer
+    balancer = balancer_of(controller)
     return Snapshot(
         elapsed=elapsed,
         unix=time.time(),

@@ -33,7 +33,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from tianji.errors import ConfigError
+from tianji.runtime.errors import ConfigError
 
 __all__ = ["TEAM_REWARDS", "ParallelEnvAdapter", "is_multi_agent", "pettingzoo_factory"]
 

@@ -3,8 +3,8 @@ checkpoints into the run directory and hands a resumed run's state to its learne
 
 It runs beside the controller (in ``tianji train``'s or ``tianji controller``'s process),
 where the run directory is, so a learner on another host checkpoints into it too: the
-learner publishes its packed state (:class:`~tianji.events.CheckpointTaken`) and the
-monitor adds the run's counters and writes the file (:mod:`tianji.checkpoint`).
+learner publishes its packed state (:class:`~tianji.runtime.events.CheckpointTaken`) and the
+monitor adds the run's counters and writes the file (:mod:`tianji.rl.checkpoint`).
 """
 
 from __future__ import annotations
@@ -19,17 +19,17 @@ from typing import Any
 
 import numpy as np
 
-from tianji.checkpoint import Checkpoint, prune_checkpoints, replay_file, write_checkpoint
-from tianji.core import Connection
-from tianji.events import CheckpointRestored, CheckpointTaken, EpisodesFinished
-from tianji.service import Service
-from tianji.services import (
+from tianji.rl.checkpoint import Checkpoint, prune_checkpoints, replay_file, write_checkpoint
+from tianji.rl.events import CheckpointRestored, CheckpointTaken, EpisodesFinished
+from tianji.rl.topics import (
     CHECKPOINTS,
     EPISODES,
     RESTORE,
     replay_restore_topic,
     replay_snapshots_topic,
 )
+from tianji.runtime.core import Connection
+from tianji.runtime.service import Service
 
 __all__ = ["TrainMonitor"]
 
@@ -46,7 +46,7 @@ class TrainMonitor(Service):
         identity: ``algorithm`` and ``env_id`` written into every checkpoint.
         resume: the checkpoint a resumed run continues from: its env steps, episodes,
             recent returns and elapsed time are where the counts start, and every learner
-            that subscribes gets its state (:class:`~tianji.events.CheckpointRestored`).
+            that subscribes gets its state (:class:`~tianji.runtime.events.CheckpointRestored`).
         replay: the replay buffer shards whose snapshots to write (``[checkpoint] replay``).
         replay_resume: a resumed run's replay snapshots, by buffer, sent to each shard.
         restorable: learners (``recovery.learner = "resume"``) and the ``replay`` shards

@@ -4,11 +4,11 @@ Every ``tianji train`` (and ``tianji controller``) run gets its own directory
 ``<run_dir>/<name>-<YYYYmmdd-HHMMSS>/`` (``run_dir`` defaults to ``runs``)::
 
     config.json      the resolved run config (``tianji train`` accepts it as CONFIG)
-    metrics.jsonl    one JSON row per progress interval (tianji.progress.metrics_row)
+    metrics.jsonl    one JSON row per progress interval (tianji.run.progress.metrics_row)
     tb/              TensorBoard event files: scalars per interval, step = env steps
     summary.json     the run's summary, written when it ends
     checkpoints/     ckpt-<policy version>.tjc, the newest ``checkpoint.keep`` of them
-                     (``tianji.checkpoint``)
+                     (``tianji.rl.checkpoint``)
 
 ``tianji train --resume RUN_DIR`` continues a run in its own directory: the metrics rows
 are appended, TensorBoard drops what was logged after the checkpoint's env step, and the
@@ -31,10 +31,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from tianji.checkpoint import Checkpoint, check_identity, latest_checkpoint, read_checkpoint
-from tianji.config import RunConfig, load_config, to_dict
-from tianji.errors import ConfigError
-from tianji.progress import (
+from tianji.rl.checkpoint import Checkpoint, check_identity, latest_checkpoint, read_checkpoint
+from tianji.rl.config import RunConfig, to_dict
+from tianji.run.config import load_config
+from tianji.run.progress import (
     LiveDisplay,
     PlainDisplay,
     Snapshot,
@@ -42,6 +42,7 @@ from tianji.progress import (
     metrics_row,
     scalars,
 )
+from tianji.runtime.errors import ConfigError
 
 __all__ = [
     "RESUME_MUST_MATCH",

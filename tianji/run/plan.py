@@ -19,25 +19,32 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
-from tianji import progress as _progress
-from tianji.balance import balance_config
-from tianji.checkpoint import Checkpoint, read_checkpoint, replay_file
-from tianji.config import RunConfig, to_dict
-from tianji.controller import Controller, accounting, dropped_by_reason, lag_summary
-from tianji.core import BufferSpec
 from tianji.dashboard import add_dashboard_options, launch_plan
-from tianji.errors import ConfigError, ServiceFailed
-from tianji.events import CheckpointRequested
 from tianji.launch.base import Launcher
 from tianji.launch.local import LocalLauncher
 from tianji.launch.spec import ServiceSpec
-from tianji.monitor import TrainMonitor
-from tianji.progress import RunFacts, Snapshot, learner_totals, plain_line, take_snapshot
-from tianji.recovery import restart_policy
-from tianji.rundir import RunDirectory, RunRecorder, resume_point, write_json_atomic
-from tianji.service import Service
-from tianji.services import buffer_name, learner_name
+from tianji.rl.algorithm import BufferSpec
+from tianji.rl.balance import balance_config
+from tianji.rl.checkpoint import Checkpoint, read_checkpoint, replay_file
+from tianji.rl.config import RunConfig, to_dict
+from tianji.rl.events import CheckpointRequested
+from tianji.rl.topics import buffer_name, learner_name
+from tianji.run import progress as _progress
+from tianji.run.progress import RunFacts, Snapshot, learner_totals, plain_line, take_snapshot
+from tianji.run.recovery import restart_policy
+from tianji.run.rundir import RunDirectory, RunRecorder, resume_point, write_json_atomic
+from tianji.runtime.controller import Controller
+from tianji.runtime.errors import ConfigError, ServiceFailed
+from tianji.runtime.service import Service
+from tianji.services.balancer import (
+    Balancer,
+    accounting,
+    balancer_of,
+    dropped_by_reason,
+    lag_summary,
+)
 from tianji.services.common import make_algorithm
+from tianji.services.monitor import TrainMonitor
 
 __all__ = ["RunPlan", "TrainMonitor", "build_specs", "train"]
 
@@ -122,6 +129,10 @@ class RunPlan:
     resume: tuple[RunDirectory, Checkpoint] | None = None
     replay_resume: dict[str, Checkpoint] = dataclasses.field(default_factory=dict)
     _last: Snapshot | None = None
+
+    def controller_plugins(self) -> list[Balancer]:
+        """What the run's controller runs beside its registry: the balancer."""
+        return [Balancer(self.balance)]
 
     @classmethod
     def build(
@@ -325,7 +336,7 @@ def train(
 ) -> dict[str, Any]:
     """Run a training job to its end and return (and optionally write) its summary.
 
-    The run directory (``config.run_dir``, see :mod:`tianji.rundir`) gets the resolved
+    The run directory (``config.run_dir``, see :mod:`tianji.run.rundir`) gets the resolved
     config, the metrics rows, TensorBoard event files and the summary.
 
     Args:
@@ -373,7 +384,7 @@ def _launcher(backend: str, plan: RunPlan) -> Launcher:
             progress=plan.progress,
             progress_interval=2.0,
             before_stop=plan.before_stop,
-            balance=plan.balance,
+            plugins=plan.controller_plugins(),
         )
         launcher.restarts = restart_policy(plan, launcher.controller, plan.out)
         return launcher
@@ -395,7 +406,7 @@ def _launcher(backend: str, plan: RunPlan) -> Launcher:
         progress=plan.progress,
         progress_interval=2.0,
         before_stop=plan.before_stop,
-        balance=plan.balance,
+        plugins=plan.controller_plugins(),
         address=config.ray.address,
         resources=config.ray,
     )
@@ -430,14 +441,14 @@ def _buffer(spec: ServiceSpec) -> bool:
 
 
 def progress_line(controller: Controller, monitor: TrainMonitor, elapsed: float) -> str:
-    """One human-readable progress line (:func:`tianji.progress.plain_line`)."""
+    """One human-readable progress line (:func:`tianji.run.progress.plain_line`)."""
     return plain_line(take_snapshot(controller, monitor, elapsed))
 
 
 def metrics_row(
     controller: Controller, monitor: TrainMonitor, elapsed: float, on_policy: bool
 ) -> dict[str, Any]:
-    """One row of the run's metrics file (:func:`tianji.progress.metrics_row`)."""
+    """One row of the run's metrics file (:func:`tianji.run.progress.metrics_row`)."""
     snap = take_snapshot(controller, monitor, elapsed, RunFacts(on_policy=on_policy))
     return _progress.metrics_row(snap)
 
@@ -487,7 +498,9 @@ def summarize(
         "target_reached_unix": monitor.target_unix,
         "policy_lag": lag_summary(controller.heartbeats),
         "controller": (
-            controller.balancer.metrics(controller.heartbeats) if controller.balancer else None
+            balancer.metrics(controller.heartbeats)
+            if (balancer := balancer_of(controller))
+            else None
         ),
         "accounting": accounting(controller.heartbeats, on_policy),
         "restarts": dict(sorted(controller.restarts.items())),
@@ -633,7 +646,7 @@ def _add_record_options(p: Any) -> None:
 
 def config_from_args(args: Any) -> RunConfig:
     """The run config from ``add_run_options`` arguments (shortcuts become ``--set``)."""
-    from tianji.config import load_config
+    from tianji.run.config import load_config
 
     overrides = list(args.set)
     for attr, key in SHORTCUTS.items():

@@ -10,7 +10,7 @@ import os
 import sys
 
 from tianji import __version__
-from tianji.errors import TianjiError
+from tianji.runtime.errors import TianjiError
 
 __all__ = ["main"]
 
@@ -21,8 +21,8 @@ def _cmd_version(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from tianji.demo import demo_specs
     from tianji.launch.local import LocalLauncher, print_progress, run_local
+    from tianji.run.demo import demo_specs
 
     specs = demo_specs(args.events, args.size)
     print(
@@ -73,9 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    from tianji.deploy import add_deploy_parsers
-    from tianji.evaluate import add_eval_parser
-    from tianji.training import add_train_parser
+    from tianji.run.deploy import add_deploy_parsers
+    from tianji.run.evaluate import add_eval_parser
+    from tianji.run.plan import add_train_parser
 
     add_train_parser(sub)
     add_eval_parser(sub)

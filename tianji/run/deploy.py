@@ -31,14 +31,14 @@ import time
 from typing import Any, TextIO
 
 from tianji import transports
-from tianji.config import RunConfig, to_dict
 from tianji.dashboard import launch_plan
-from tianji.errors import ConfigError, ServiceFailed
 from tianji.launch.hosts import HostLauncher
 from tianji.launch.spec import build_service
-from tianji.runtime import run
-from tianji.service import Service
-from tianji.training import RunPlan, add_run_options, config_from_args
+from tianji.rl.config import RunConfig, to_dict
+from tianji.run.plan import RunPlan, add_run_options, config_from_args
+from tianji.runtime.errors import ConfigError, ServiceFailed
+from tianji.runtime.loop import run
+from tianji.runtime.service import Service
 
 __all__ = ["config_digest", "run_controller", "serve", "serve_spec"]
 
@@ -150,7 +150,7 @@ def run_controller(
         progress=plan.progress,
         progress_interval=2.0,
         before_stop=plan.before_stop,
-        balance=plan.balance,
+        plugins=plan.controller_plugins(),
     )
     launcher.controller.advertise = advertise
     launcher.controller.run_digest = config_digest(config)

@@ -8,7 +8,7 @@ the :class:`~tianji.launch.base.RestartPolicy` built here whether and how to sta
   ``backoff * 2**k`` seconds. A restarted actor gets the current weights from the parameter
   service on subscription; a restarted replay buffer starts empty or from its newest replay
   snapshot (``buffer = "snapshot"``). What the dead incarnation held is counted as
-  ``dropped/lost_in_restart`` (:meth:`~tianji.controller.Controller.retire`), so the run's
+  ``dropped/lost_in_restart`` (:meth:`~tianji.runtime.controller.Controller.retire`), so the run's
   accounting still closes.
 * **the learner** ends the run (``learner = "stop"``: every process stops, the CLI exits
   non-zero naming it) or restarts from the newest checkpoint (``learner = "resume"``); its
@@ -21,20 +21,30 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import TYPE_CHECKING, TextIO
+from typing import Protocol, TextIO
 
-from tianji.checkpoint import CheckpointError, latest_checkpoint, read_checkpoint, replay_file
-from tianji.controller import Controller
 from tianji.launch.base import RestartPolicy
 from tianji.launch.spec import ServiceSpec
-from tianji.service import ServiceOptions
-
-if TYPE_CHECKING:
-    from tianji.training import RunPlan
+from tianji.rl.checkpoint import CheckpointError, latest_checkpoint, read_checkpoint, replay_file
+from tianji.rl.config import RunConfig
+from tianji.runtime.controller import Controller
+from tianji.runtime.service import ServiceOptions
+from tianji.services.monitor import TrainMonitor
 
 __all__ = ["restart_policy", "role_of"]
 
 log = logging.getLogger(__name__)
+
+
+class RunPlan(Protocol):
+    """What a restart reads from the run's plan (:class:`tianji.run.plan.RunPlan`), when
+    the service dies: its config and its monitor (set once the run started)."""
+
+    @property
+    def config(self) -> RunConfig: ...
+
+    @property
+    def monitor(self) -> TrainMonitor | None: ...
 
 
 def role_of(name: str) -> str:

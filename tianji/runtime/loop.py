@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from tianji.errors import ConfigError
+from tianji.runtime.errors import ConfigError
 
 __all__ = ["loop_factory", "run"]
 

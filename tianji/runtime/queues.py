@@ -9,7 +9,7 @@ import asyncio
 import collections
 from typing import Generic, TypeVar
 
-from tianji.errors import ClosedByUs, TianjiError, WouldBlock
+from tianji.runtime.errors import ClosedByUs, TianjiError, WouldBlock
 
 __all__ = ["BoundedQueue", "QueueStatistics"]
 

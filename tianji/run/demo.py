@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from tianji.events import ArraysPublished, ServiceReported, topic
 from tianji.launch.spec import ServiceSpec
-from tianji.service import Service
+from tianji.runtime.events import ArraysPublished, ServiceReported, topic
+from tianji.runtime.service import Service
 
 __all__ = ["Consumer", "Producer", "Relay", "demo_specs", "payload"]
 
@@ -110,14 +110,14 @@ def demo_specs(count: int, size: int, bind: str = "tcp://127.0.0.1:0") -> list[S
     return [
         ServiceSpec(
             name="consumer-0",
-            factory="tianji.demo:Consumer",
+            factory="tianji.run.demo:Consumer",
             options={"count": count, "size": size},
             bind=bind,
         ),
-        ServiceSpec(name="relay-0", factory="tianji.demo:Relay", bind=bind),
+        ServiceSpec(name="relay-0", factory="tianji.run.demo:Relay", bind=bind),
         ServiceSpec(
             name="producer-0",
-            factory="tianji.demo:Producer",
+            factory="tianji.run.demo:Producer",
             options={"count": count, "size": size},
             bind=bind,
         ),

@@ -25,7 +25,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from tianji.checkpoint import (
+from tianji.rl.checkpoint import (
     Checkpoint,
     CheckpointError,
     check_identity,
@@ -34,9 +34,10 @@ from tianji.checkpoint import (
     restore_algorithm,
     unpack_state,
 )
-from tianji.config import RunConfig, load_config
-from tianji.errors import ConfigError, TianjiError
-from tianji.rundir import RunDirectory
+from tianji.rl.config import RunConfig
+from tianji.run.config import load_config
+from tianji.run.rundir import RunDirectory
+from tianji.runtime.errors import ConfigError, TianjiError
 
 __all__ = [
     "VideoError",
@@ -191,7 +192,7 @@ def make_eval_env(config: RunConfig, *, video: str | Path | None = None, seed: i
         ConfigError: for an unknown env id or wrapper.
         VideoError: naming the env when it cannot render ``rgb_array`` frames.
     """
-    from tianji.envs import env_factory
+    from tianji.rl.envs import env_factory
 
     if video is None:
         return env_factory(config.env)()

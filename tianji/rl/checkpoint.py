@@ -1,0 +1,291 @@
+"""Checkpoints: a learner's full state plus the run's counters, in one file, without pickle.
+
+A checkpoint file ``<run dir>/checkpoints/ckpt-<policy version>.tjc`` is the magic line
+``TIANJI-CHECKPOINT 1\\n`` followed by one msgpack map::
+
+    {"meta": {"policy_version", "algorithm", "env_id", "unix", "run": {...}},
+     "state": <the algorithm's state tree, itself msgpack>}
+
+A *state tree* is nested dicts / lists of ``None``, bool, int, float, str, bytes, numpy
+arrays (msgpack ext type 1: dtype, shape, raw bytes) and torch tensors (ext type 2, loaded
+back on the CPU). Nothing in a checkpoint runs code when it is read.
+
+Who writes what (see ``docs/run-directory.md``): learner-0 packs its algorithm's state
+(:func:`algorithm_state`, :func:`pack_state`) every ``checkpoint.every_updates`` updates or
+``checkpoint.every_seconds`` seconds and publishes it as a ``CheckpointTaken`` event; the
+run's monitor (beside the controller, where the run directory is) adds the run's counters
+and writes the file atomically (:func:`write_checkpoint`). So a learner on another host
+checkpoints into the run directory too.
+
+Usage::
+
+    state = pack_state(algorithm_state(algo))               # learner side
+    path = write_checkpoint(directory, state, meta)         # monitor side (temp + rename)
+    ckpt = read_checkpoint(latest_checkpoint(directory))    # resume, eval
+    restore_algorithm(algo, unpack_state(ckpt.state))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import msgpack
+import numpy as np
+
+from tianji.runtime.errors import TianjiError
+
+__all__ = [
+    "Checkpoint",
+    "CheckpointError",
+    "SupportsCheckpoint",
+    "algorithm_state",
+    "check_identity",
+    "checkpoint_files",
+    "latest_checkpoint",
+    "pack_state",
+    "prune_checkpoints",
+    "read_checkpoint",
+    "replay_file",
+    "restore_algorithm",
+    "unpack_state",
+    "write_checkpoint",
+]
+
+MAGIC = b"TIANJI-CHECKPOINT 1\n"
+_ARRAY, _TENSOR = 1, 2
+_NAME = re.compile(r"^ckpt-(\d+)\.tjc$")
+
+
+class CheckpointError(TianjiError):
+    """A checkpoint cannot be read, written or used.
+
+    Attributes:
+        path: the checkpoint file or directory.
+        reason: what is wrong with it.
+    """
+
+    def __init__(self, path: str | Path, reason: str) -> None:
+        super().__init__(f"checkpoint {path}: {reason}")
+        self.path = str(path)
+        self.reason = reason
+
+
+@runtime_checkable
+class SupportsCheckpoint(Protocol):
+    """An algorithm whose whole learner state (networks, target networks, optimizer,
+    update count) can be saved and restored; others are checkpointed by their weights only.
+
+    Usage::
+
+        state = algo.state_dict()          # a state tree (see the module docstring)
+        fresh.load_state_dict(state)       # fresh: same config and spaces
+    """
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+
+def algorithm_state(algo: Any) -> dict[str, Any]:
+    """``algo.state_dict()``, or ``{"weights": algo.get_weights()}`` for an algorithm
+    without one (its optimizer state is then not saved)."""
+    if isinstance(algo, SupportsCheckpoint):
+        return algo.state_dict()
+    return {"weights": algo.get_weights()}
+
+
+def restore_algorithm(algo: Any, state: Mapping[str, Any], version: int) -> None:
+    """Load ``state`` (from :func:`algorithm_state`) into ``algo`` at ``version``."""
+    if isinstance(algo, SupportsCheckpoint) and "weights" not in state:
+        algo.load_state_dict(state)
+    else:
+        algo.set_weights(state["weights"], version)
+
+
+def _default(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        arr = np.ascontiguousarray(obj)
+        if arr.dtype.hasobject:
+            raise TypeError(f"object arrays cannot be checkpointed (dtype {arr.dtype})")
+        head = msgpack.packb([arr.dtype.str, list(arr.shape)])
+        return msgpack.ExtType(_ARRAY, head + arr.tobytes())
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, tuple):
+        return list(obj)
+    if isinstance(obj, Mapping):  # e.g. the OrderedDict of a torch state_dict
+        return dict(obj)
+    if type(obj).__module__ == "torch" and type(obj).__name__ in ("Tensor", "Parameter"):
+        arr = obj.detach().cpu().contiguous().numpy()
+        head = msgpack.packb([arr.dtype.str, list(arr.shape)])
+        return msgpack.ExtType(_TENSOR, head + arr.tobytes())
+    raise TypeError(f"cannot checkpoint a {type(obj).__name__}")
+
+
+def _ext_hook(code: int, data: bytes) -> Any:
+    if code not in (_ARRAY, _TENSOR):
+        return msgpack.ExtType(code, data)
+    unpacker = msgpack.Unpacker(raw=False)
+    unpacker.feed(data)
+    dtype_str, shape = unpacker.unpack()
+    offset = unpacker.tell()
+    dtype = np.dtype(dtype_str)
+    if dtype.hasobject:
+        raise ValueError(f"object dtype {dtype_str!r} in a checkpoint")
+    count = int(np.prod(shape, dtype=np.int64))
+    if count * dtype.itemsize != len(data) - offset:
+        raise ValueError(f"array {dtype_str} {shape} does not match its {len(data) - offset} bytes")
+    arr = np.frombuffer(data, dtype, count, offset).reshape(shape).copy()
+    if code == _ARRAY:
+        return arr
+    import torch
+
+    return torch.from_numpy(arr)
+
+
+def pack_state(tree: Any) -> bytes:
+    """A state tree as bytes (see the module docstring).
+
+    Raises:
+        TypeError: naming the type of a value that cannot be packed.
+    """
+    return msgpack.packb(tree, default=_default, use_bin_type=True, strict_types=True)
+
+
+def unpack_state(data: bytes | memoryview) -> Any:
+    """The state tree :func:`pack_state` packed (int map keys, e.g. an optimizer's, kept).
+
+    Raises:
+        ValueError: for bytes that are not a packed state tree.
+    """
+    try:
+        return msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, strict_map_key=False)
+    except (msgpack.UnpackException, ValueError, TypeError) as exc:
+        raise ValueError(f"not a packed state ({exc})") from None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """One checkpoint file, read (:func:`read_checkpoint`).
+
+    Attributes:
+        path: the file.
+        policy_version: learner updates when it was taken.
+        meta: ``policy_version``, ``algorithm``, ``env_id``, ``unix`` and ``run`` (the run's
+            counters then: ``env_steps``, ``episodes``, ``elapsed_s``, ``returns``).
+        state: the packed algorithm state (:func:`unpack_state` opens it).
+    """
+
+    path: Path
+    policy_version: int
+    meta: dict[str, Any]
+    state: bytes
+
+    @property
+    def run(self) -> dict[str, Any]:
+        """The run's counters when the checkpoint was taken."""
+        run: dict[str, Any] = self.meta.get("run", {})
+        return run
+
+
+def check_identity(ckpt: Checkpoint, algorithm: str, env_id: str) -> None:
+    """Check that ``ckpt`` was taken by ``algorithm`` on ``env_id`` (a checkpoint without
+    them in its meta passes).
+
+    Raises:
+        CheckpointError: naming the file and both values when one differs.
+    """
+    for key, expected in (("algorithm", algorithm), ("env_id", env_id)):
+        found = ckpt.meta.get(key)
+        if found is not None and found != expected:
+            why = f"was taken with {key} {found!r}, but the run config has {expected!r}"
+            raise CheckpointError(ckpt.path, why)
+
+
+def write_checkpoint(
+    directory: str | Path, state: bytes, meta: Mapping[str, Any], name: str | None = None
+) -> Path:
+    """Write ``ckpt-<meta["policy_version"]>.tjc`` (or ``name``) into ``directory``
+    (created if needed): to a temporary file, flushed to disk, then renamed, so a reader or
+    a crash never sees part of a checkpoint."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / (name or f"ckpt-{int(meta['policy_version']):010d}.tjc")
+    tmp = directory / f".{path.name}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(MAGIC)
+            f.write(msgpack.packb({"meta": dict(meta), "state": state}, use_bin_type=True))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def read_checkpoint(path: str | Path) -> Checkpoint:
+    """Read one checkpoint file.
+
+    Raises:
+        CheckpointError: naming the file when it is missing, not a checkpoint, or damaged.
+    """
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise CheckpointError(path, f"cannot be read ({exc.strerror or exc})") from None
+    if not data.startswith(MAGIC):
+        raise CheckpointError(path, "is not a tianji checkpoint (no TIANJI-CHECKPOINT header)")
+    try:
+        body = msgpack.unpackb(data[len(MAGIC) :], raw=False)
+        meta, state = body["meta"], body["state"]
+        version = int(meta["policy_version"])
+    except (msgpack.UnpackException, ValueError, TypeError, KeyError) as exc:
+        raise CheckpointError(path, f"is damaged ({type(exc).__name__}: {exc})") from None
+    if not isinstance(state, bytes) or not isinstance(meta, dict):
+        raise CheckpointError(path, "is damaged (meta or state of the wrong type)")
+    return Checkpoint(path, version, meta, state)
+
+
+def replay_file(directory: str | Path, buffer: str) -> Path:
+    """Where the newest replay snapshot of ``buffer`` (``[checkpoint] replay``) is kept."""
+    return Path(directory) / f"replay-{buffer}.tjc"
+
+
+def checkpoint_files(directory: str | Path) -> list[Path]:
+    """The checkpoint files in ``directory``, oldest policy version first."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    found = [(int(m[1]), p) for p in directory.iterdir() if (m := _NAME.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(directory: str | Path) -> Path:
+    """The newest checkpoint in ``directory`` (a run directory or its ``checkpoints/``).
+
+    Raises:
+        CheckpointError: when there is none.
+    """
+    directory = Path(directory)
+    if (directory / "checkpoints").is_dir():
+        directory = directory / "checkpoints"
+    files = checkpoint_files(directory)
+    if not files:
+        raise CheckpointError(directory, "holds no checkpoint (ckpt-*.tjc)")
+    return files[-1]
+
+
+def prune_checkpoints(directory: str | Path, keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` checkpoints; returns the deleted files."""
+    files = checkpoint_files(directory)
+    old = files[: max(len(files) - keep, 0)]
+    for path in old:
+        path.unlink(missing_ok=True)
+    return old

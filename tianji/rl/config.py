@@ -1,0 +1,456 @@
+"""Run configuration: small frozen dataclasses, one per section (loaded from TOML with
+``--set`` overrides by :mod:`tianji.run.config`).
+
+A run config file looks like ``examples/cartpole_ppo.toml``::
+
+    algorithm = "ppo"
+    seed = 0
+    transport = "tcp"          # inproc (one process) | tcp | shm
+
+    [env]
+    id = "CartPole-v1"
+
+    [actors]
+    count = 2
+    envs_per_actor = 4
+    fragment_length = 128
+
+    [algo]                     # the algorithm's own Config fields
+    learning_rate = 2.5e-4
+
+Unknown keys are errors naming the key and the allowed ones; values are type-checked.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import dataclasses
+import difflib
+import os
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tianji.runtime.errors import ConfigError
+
+__all__ = [
+    "ActorConfig",
+    "ControllerConfig",
+    "EnvConfig",
+    "LearnerConfig",
+    "RayConfig",
+    "RunConfig",
+    "StopConfig",
+    "build_dataclass",
+    "to_dict",
+]
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class EnvConfig:
+    """Which environment the actors step."""
+
+    id: str = "CartPole-v1"
+    """A gymnasium id, or ``package.module:Class`` / ``path/file.py:Class`` of an env class;
+    with ``api = "pettingzoo"`` a PettingZoo env module (``"mpe2.simple_spread_v3"``, its
+    ``parallel_env`` is called) or ``module:callable`` returning a parallel env."""
+    api: str = "gymnasium"
+    """"gymnasium" (one agent) or "pettingzoo" (a cooperative multi-agent parallel env, seen
+    as one env with stacked agents: see ``tianji.rl.multiagent``)."""
+    team_reward: str = "sum"
+    """Multi-agent envs: the team reward is the "sum" or "mean" of the agents' rewards."""
+    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Keyword arguments for the env constructor."""
+    wrappers: list[str] = dataclasses.field(default_factory=list)
+    """Wrappers applied in order, each ``module:Class`` (e.g.
+    ``"gymnasium.wrappers:TimeAwareObservation"``), called as ``Class(env)``."""
+
+    def __post_init__(self) -> None:
+        if self.api not in ("gymnasium", "pettingzoo"):
+            raise ConfigError("env.api", self.api, '"gymnasium" or "pettingzoo"')
+        if self.team_reward not in ("sum", "mean"):
+            raise ConfigError("env.team_reward", self.team_reward, '"sum" or "mean"')
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ActorConfig:
+    """Actor processes and what each collects."""
+
+    count: int = 2
+    """Actor services (one process each)."""
+    envs_per_actor: int = 4
+    """Environments each actor steps as one vector env."""
+    fragment_length: int = 128
+    """Steps per env in one trajectory fragment sent to the buffer."""
+    inference: str = "local"
+    """"local": each actor runs its own policy copy; "service": one inference service
+    batches the observations of all actors into one forward pass and answers each."""
+    max_fragments_per_version: int = 0
+    """Off-policy ``relaxed`` runs: an actor sends at most this many fragments per policy
+    version, then waits for newer weights (0: no limit; never before the learner's first
+    update). On-policy ``relaxed`` runs ignore it: the controller's production grants say
+    how many fragments each actor collects and with which weights."""
+
+    def __post_init__(self) -> None:
+        _positive("actors", self, ("count", "envs_per_actor", "fragment_length"))
+        if self.inference not in ("local", "service"):
+            raise ConfigError("actors.inference", self.inference, '"local" or "service"')
+        if self.max_fragments_per_version < 0:
+            raise ConfigError(
+                "actors.max_fragments_per_version", self.max_fragments_per_version, "an int >= 0"
+            )
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class LearnerConfig:
+    """The learner service."""
+
+    torch_threads: int = 1
+    """torch intra-op threads of the learner."""
+    device: str = "auto"
+    """"auto" (CUDA when available), "cpu", "cuda", "cuda:1", ..."""
+    prefetch: int = 2
+    """Sample batches requested ahead from the buffer."""
+    publish_interval: int | None = None
+    """Publish weights every this many updates. Unset: every update for on-policy runs
+    (each update is a policy version the actors wait for); for off-policy runs the
+    updates one actor fragment pays for (``replay_ratio`` x fragment samples / batch size,
+    at least 1), so an actor starts each fragment with fresh weights and nobody encodes,
+    sends and decodes weights that are replaced before use (see
+    :func:`tianji.rl.balance.publish_every`)."""
+    max_policy_lag: int = 4
+    """On-policy: samples older than this many policy versions are dropped (reason stale)."""
+    count: int = 1
+    """Data-parallel learners (K): each samples its own batches, they average gradients every
+    optimizer step and so hold identical weights; learner-0 publishes them."""
+    sync_timeout: float = 60.0
+    """Seconds a learner waits at a gradient all-reduce step for its peers (K > 1) before it
+    fails naming the peer that did not answer."""
+
+    def __post_init__(self) -> None:
+        _positive("learner", self, ("torch_threads", "prefetch", "count"))
+        if self.publish_interval is not None and self.publish_interval < 1:
+            raise ConfigError("learner.publish_interval", self.publish_interval, "an int >= 1")
+        if self.max_policy_lag < 0:
+            raise ConfigError("learner.max_policy_lag", self.max_policy_lag, "an int >= 0")
+        if not self.sync_timeout > 0:
+            raise ConfigError("learner.sync_timeout", self.sync_timeout, "a number of seconds > 0")
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class BufferConfig:
+    """``[buffer]``: the replay / rollout buffer services."""
+
+    shards: int = 1
+    """Buffer services ``buffer-0..S-1``. Actor i publishes to shard ``i % S``; learner j
+    samples from the shards ``s`` with ``s % K == j`` (S >= K) or from shard ``j % S``
+    (S < K). Each shard holds its own ``buffer_capacity`` and waits for its own
+    ``learning_starts`` samples."""
+
+    def __post_init__(self) -> None:
+        _positive("buffer", self, ("shards",))
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class StopConfig:
+    """When a run ends (whichever comes first)."""
+
+    max_env_steps: int | None = None
+    """Total env steps over all actors."""
+    max_seconds: float | None = None
+    """Wall-clock seconds since the run started."""
+    target_return: float | None = None
+    """Stop once the mean return of the last ``window`` training episodes reaches this."""
+    window: int = 20
+    """Episodes in the moving mean for ``target_return`` and ``final_return``."""
+
+
+CONTROLLER_MODES = ("relaxed", "sync", "unbalanced")
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ControllerConfig:
+    """How the controller balances production and consumption (see ``tianji.rl.balance``)."""
+
+    mode: str = "relaxed"
+    """relaxed: asynchronous, balanced, staleness-bounded; sync: actors wait for new weights
+    after each fragment and the learner waits for every actor; unbalanced: asynchronous with
+    no limits (to measure what the balance buys)."""
+    replay_ratio: float = 2.0
+    """Off-policy: samples the learner consumes per sample inserted."""
+    tolerance: float = 1.0
+    """Off-policy: the allowed deviation of the consumed/inserted ratio from replay_ratio
+    over one round of inserts (a fragment from every actor); over the run the ratio
+    converges to replay_ratio (an absolute error buffer, as Reverb's rate limiter)."""
+    lag_target: int = 1
+    """On-policy: producers pause when what they would collect next would be consumed more
+    than this many policy versions late (``learner.max_policy_lag`` is the hard bound: older
+    samples are dropped as stale). 1 lets actors collect the next batch while the learner
+    trains on the previous one."""
+    report_interval: float = 0.01
+    """Seconds between two progress reports of one service (they are sent on change)."""
+    watchdog_seconds: float = 30.0
+    """Seconds without a sample produced or consumed (while producers and learners are up)
+    after which the controller logs who waits for what and the progress line, the summary
+    and ``/api/status`` show the run as stalled (0: off)."""
+
+    def __post_init__(self) -> None:
+        if not self.watchdog_seconds >= 0:
+            raise ConfigError(
+                "controller.watchdog_seconds", self.watchdog_seconds, "a number of seconds >= 0"
+            )
+        if self.mode not in CONTROLLER_MODES:
+            raise ConfigError("controller.mode", self.mode, " | ".join(CONTROLLER_MODES))
+        if not 0 <= self.tolerance < self.replay_ratio:
+            raise ConfigError(
+                "controller.tolerance", self.tolerance, f"0 <= tolerance < {self.replay_ratio}"
+            )
+        if self.lag_target < 0:
+            raise ConfigError("controller.lag_target", self.lag_target, "an int >= 0")
+        if not 0 <= self.report_interval <= 1:
+            raise ConfigError("controller.report_interval", self.report_interval, "0 .. 1 s")
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointConfig:
+    """``[checkpoint]``: learner checkpoints into the run directory (``tianji.rl.checkpoint``).
+
+    Learner-0 takes one when either trigger fires (0 turns a trigger off); none are taken
+    without a run directory (``run_dir = ""``)."""
+
+    every_updates: int = 0
+    """Every this many learner updates."""
+    every_seconds: float = 60.0
+    """At most this many seconds apart (counted from the learner's start)."""
+    keep: int = 3
+    """Newest checkpoints kept; older ones are deleted once a new one is written."""
+    replay: bool = False
+    """Also snapshot every replay buffer shard (same triggers, the newest one kept as
+    ``replay-buffer-<s>.tjc``), so a resumed off-policy run keeps its data; the snapshot
+    holds every stored transition (size: capacity x transition bytes)."""
+
+    def __post_init__(self) -> None:
+        if self.every_updates < 0:
+            raise ConfigError("checkpoint.every_updates", self.every_updates, "an int >= 0")
+        if not 0 <= self.every_seconds < float("inf"):
+            raise ConfigError("checkpoint.every_seconds", self.every_seconds, "seconds >= 0")
+        _positive("checkpoint", self, ("keep",))
+
+    @property
+    def enabled(self) -> bool:
+        return self.every_updates > 0 or self.every_seconds > 0
+
+
+RESTARTABLE_ROLES = ("actor", "inference", "buffer")
+LEARNER_ON_DEATH = ("stop", "resume")
+BUFFER_ON_RESTART = ("empty", "snapshot")
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class RecoveryConfig:
+    """``[recovery]``: what the launcher does when a service dies (its process exits, or it
+    misses ``missed_heartbeats`` heartbeats in a row and is killed)."""
+
+    restarts: dict[str, int] = dataclasses.field(
+        default_factory=lambda: dict.fromkeys(RESTARTABLE_ROLES, 3)
+    )
+    """Restarts each service of a role may have, e.g. ``{actor = 5, buffer = 1}``; roles
+    left out keep 3; 0 turns restarts of the role off (its death ends the run)."""
+    backoff: float = 1.0
+    """Seconds before a service's first restart; doubled for each further one (max 30)."""
+    missed_heartbeats: int = 5
+    """A registered service silent for this many heartbeat intervals (1 s) is declared dead
+    and killed (then restarted like one that exited)."""
+    learner: str = "stop"
+    """A dead learner: ``stop`` ends the run (non-zero exit, naming it); ``resume`` restarts
+    it from the newest checkpoint (needs a run directory; one learner)."""
+    buffer: str = "empty"
+    """A restarted replay buffer starts ``empty`` or from its ``snapshot`` (needs
+    ``[checkpoint] replay``); what it held is counted as ``dropped/lost_in_restart``."""
+
+    def __post_init__(self) -> None:
+        for role, count in self.restarts.items():
+            if role not in RESTARTABLE_ROLES:
+                raise ConfigError(
+                    f"recovery.restarts.{role}", count, f"a role of {list(RESTARTABLE_ROLES)}"
+                )
+            if type(count) is not int or count < 0:
+                raise ConfigError(f"recovery.restarts.{role}", count, "an int >= 0")
+        if not 0 <= self.backoff <= 60:
+            raise ConfigError("recovery.backoff", self.backoff, "0 .. 60 s")
+        _positive("recovery", self, ("missed_heartbeats",))
+        if self.learner not in LEARNER_ON_DEATH:
+            raise ConfigError("recovery.learner", self.learner, " | ".join(LEARNER_ON_DEATH))
+        if self.buffer not in BUFFER_ON_RESTART:
+            raise ConfigError("recovery.buffer", self.buffer, " | ".join(BUFFER_ON_RESTART))
+
+    def budget(self, role: str) -> int:
+        """Restarts a service of ``role`` may have (the learner: 1 per death with
+        ``learner = "resume"``, unlimited deaths are not; see the launcher)."""
+        return self.restarts.get(role, 3) if role in RESTARTABLE_ROLES else 0
+
+
+RUN_DIR_ENV = "TIANJI_RUN_DIR"
+"""The environment variable that sets the default ``run_dir``."""
+
+RAY_ROLES = ("actor", "buffer", "learner", "params", "inference")
+RAY_DEFAULT_CPUS = {"actor": 0.5, "learner": 0.5, "buffer": 0.2, "params": 0.1, "inference": 0.2}
+"""CPUs per service of each role on Ray: two actors, learner, buffer and params take 1.8,
+so a run of the examples fits a 2-CPU machine (Ray counts reservations, not use)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class RayConfig:
+    """Placement on Ray (``tianji train --backend ray``): where, and what each role reserves."""
+
+    address: str | None = None
+    """Ray cluster to join (``HOST:6379``, ``auto``); none: start a local Ray instance for the
+    run (or join ``RAY_ADDRESS`` when set). ``--ray-address`` sets it."""
+    num_cpus: dict[str, float] = dataclasses.field(default_factory=dict)
+    """CPUs each service of a role reserves, e.g. ``{learner = 1}``; roles not given keep
+    :data:`RAY_DEFAULT_CPUS`."""
+    num_gpus: dict[str, float] = dataclasses.field(default_factory=dict)
+    """GPUs each service of a role reserves (default 0), e.g. ``{learner = 1}`` to place
+    the learner on a GPU node; its ``learner.device = "auto"`` then picks CUDA."""
+
+    def __post_init__(self) -> None:
+        if self.address is not None and not self.address.strip():
+            raise ConfigError("ray.address", self.address, "HOST:PORT, 'auto' or no value")
+        for key in ("num_cpus", "num_gpus"):
+            for role, value in getattr(self, key).items():
+                if role not in RAY_ROLES:
+                    raise ConfigError(f"ray.{key}.{role}", value, f"a role of {list(RAY_ROLES)}")
+                if type(value) not in (int, float) or not 0 <= value < float("inf"):
+                    raise ConfigError(f"ray.{key}.{role}", value, "a number >= 0")
+
+    def resources(self, role: str) -> tuple[float, float]:
+        """(CPUs, GPUs) a service of ``role`` reserves; unknown roles (e.g. a demo's
+        ``producer``) reserve the actors' CPUs and no GPU."""
+        cpus = self.num_cpus.get(role, RAY_DEFAULT_CPUS.get(role, RAY_DEFAULT_CPUS["actor"]))
+        return float(cpus), float(self.num_gpus.get(role, 0.0))
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class RunConfig:
+    """A whole training run."""
+
+    algorithm: str = "ppo"
+    """An algorithm name (``tianji.algorithms.names()``) or ``module:Class``."""
+    seed: int = 0
+    """Base seed; actor i uses seed + 1000 * (i + 1)."""
+    transport: str = "tcp"
+    """inproc (every service in one process), tcp or shm (one process per service)."""
+    name: str = ""
+    """Run name (defaults to algorithm-env)."""
+    run_dir: str = dataclasses.field(default_factory=lambda: os.environ.get(RUN_DIR_ENV, "runs"))
+    """Where run directories go: each run writes ``<run_dir>/<name>-<YYYYmmdd-HHMMSS>/``
+    (resolved config, metrics rows, TensorBoard event files, checkpoints, summary); "" writes
+    none. Default: ``$TIANJI_RUN_DIR``, else ``runs``."""
+    env: EnvConfig = dataclasses.field(default_factory=EnvConfig)
+    actors: ActorConfig = dataclasses.field(default_factory=ActorConfig)
+    learner: LearnerConfig = dataclasses.field(default_factory=LearnerConfig)
+    buffer: BufferConfig = dataclasses.field(default_factory=BufferConfig)
+    stop: StopConfig = dataclasses.field(default_factory=StopConfig)
+    controller: ControllerConfig = dataclasses.field(default_factory=ControllerConfig)
+    ray: RayConfig = dataclasses.field(default_factory=RayConfig)
+    checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
+    recovery: RecoveryConfig = dataclasses.field(default_factory=RecoveryConfig)
+    algo: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Fields of the algorithm's own ``Config`` (checked against it)."""
+
+    def __post_init__(self) -> None:
+        if self.transport not in ("inproc", "tcp", "shm"):
+            raise ConfigError("transport", self.transport, "one of inproc, tcp, shm")
+        shards = self.buffer.shards
+        if shards > self.actors.count:
+            raise ConfigError(
+                "buffer.shards",
+                shards,
+                f"at most actors.count={self.actors.count} (one actor each)",
+            )
+        if shards > 1 and self.controller.mode == "sync":
+            raise ConfigError(
+                "buffer.shards", shards, "1 with controller.mode = 'sync' (one round of all actors)"
+            )
+        recovery = self.recovery
+        if recovery.buffer == "snapshot" and not self.checkpoint.replay:
+            why = "'empty' unless [checkpoint] replay = true (no snapshot to restart from)"
+            raise ConfigError("recovery.buffer", recovery.buffer, why)
+        if recovery.learner == "resume" and self.learner.count > 1:
+            why = "'stop' with learner.count > 1 (the learners restart together: not yet)"
+            raise ConfigError("recovery.learner", recovery.learner, why)
+        if recovery.learner == "resume" and not self.checkpoint.enabled:
+            why = "'stop' when checkpoints are off (nothing to resume from)"
+            raise ConfigError("recovery.learner", recovery.learner, why)
+
+
+def _positive(section: str, obj: object, names: Sequence[str]) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if value < 1:
+            raise ConfigError(f"{section}.{name}", value, "an integer >= 1")
+
+
+def build_dataclass(cls: type[Any], data: Mapping[str, Any], prefix: str) -> Any:
+    """Build the dataclass ``cls`` from a mapping, checking keys and value types.
+
+    Raises:
+        ConfigError: for an unknown key (naming the allowed ones) or a wrongly typed value.
+    """
+    if not isinstance(data, Mapping):
+        raise ConfigError(prefix or "config", data, "a table of keys")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if key not in fields:
+            close = difflib.get_close_matches(key, list(fields), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(dotted, value, f"one of {sorted(fields)}{hint}")
+        hint_type = hints[key]
+        if dataclasses.is_dataclass(hint_type):
+            kwargs[key] = build_dataclass(hint_type, value, f"{dotted}.")  # type: ignore[arg-type]
+        else:
+            kwargs[key] = check_value(dotted, value, hint_type)
+    return cls(**kwargs)
+
+
+def check_value(key: str, value: Any, hint: Any) -> Any:
+    """Check ``value`` against a field annotation; ints are accepted for floats."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        for option in typing.get_args(hint):
+            try:
+                return check_value(key, value, option)
+            except ConfigError:
+                continue
+        raise ConfigError(key, value, str(hint))
+    if hint is Any:
+        return value
+    if hint is type(None):
+        if value is None:
+            return None
+        raise ConfigError(key, value, "null")
+    if hint is float and type(value) in (int, float):
+        return float(value)
+    if origin is dict:
+        if isinstance(value, dict):
+            return dict(value)
+        raise ConfigError(key, value, "a table")
+    if origin in (list, tuple, collections.abc.Sequence):
+        if isinstance(value, (list, tuple)):
+            items = [
+                check_value(f"{key}[]", v, (typing.get_args(hint) or (Any,))[0]) for v in value
+            ]
+            return list(items) if origin is list else tuple(items)
+        raise ConfigError(key, value, "an array")
+    if isinstance(hint, type) and type(value) is hint:
+        return value
+    raise ConfigError(key, value, getattr(hint, "__name__", str(hint)))
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    """A dataclass config as plain data (for the saved, resolved config and summaries)."""
+    return dataclasses.asdict(config)

@@ -1,0 +1,119 @@
+"""Environments: resolve a configured env, make vector envs, read its spaces."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
+from tianji.rl.config import EnvConfig
+from tianji.runtime.errors import ConfigError
+
+__all__ = [
+    "env_factory",
+    "env_spaces",
+    "env_spaces_and_state",
+    "make_vector_env",
+    "random_policy_returns",
+]
+
+
+def env_factory(config: EnvConfig) -> Callable[[], gym.Env[Any, Any]]:
+    """Return a zero-argument factory for the configured env, wrappers applied.
+
+    Raises:
+        ConfigError: naming the env id (with close matches) or a wrapper that is unknown.
+    """
+    make = _base_factory(config)
+    from tianji.runtime.plugins import load_factory
+
+    wrappers = []
+    for spec in config.wrappers:
+        try:
+            wrappers.append(load_factory(spec))
+        except ConfigError as exc:
+            raise ConfigError("env.wrappers", spec, exc.expected) from None
+
+    def build() -> gym.Env[Any, Any]:
+        env = make()
+        for wrapper in wrappers:
+            env = wrapper(env)
+        return env
+
+    return build
+
+
+def _base_factory(config: EnvConfig) -> Callable[[], gym.Env[Any, Any]]:
+    env_id, kwargs = config.id, dict(config.kwargs)
+    if config.api == "pettingzoo":
+        from tianji.rl.multiagent import pettingzoo_factory
+
+        return pettingzoo_factory(env_id, kwargs, config.team_reward)
+    if ":" in env_id and env_id not in gym.registry:
+        from tianji.runtime.plugins import load_factory
+
+        cls = load_factory(env_id)
+        return lambda: cls(**kwargs)
+    if env_id not in gym.registry:
+        close = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.5)
+        hint = f"; close matches: {', '.join(close)}" if close else ""
+        raise ConfigError("env.id", env_id, f"a registered gymnasium id{hint}")
+    return lambda: gym.make(env_id, **kwargs)
+
+
+def env_spaces(config: EnvConfig) -> tuple[gym.Space[Any], gym.Space[Any]]:
+    """Make the env once and return its (observation, action) spaces."""
+    observation, action, _ = env_spaces_and_state(config)
+    return observation, action
+
+
+def env_spaces_and_state(
+    config: EnvConfig,
+) -> tuple[gym.Space[Any], gym.Space[Any], gym.Space[Any] | None]:
+    """Make the env once: its (observation, action, state) spaces; the state space is
+    ``None`` unless the env is multi-agent (``api = "pettingzoo"``)."""
+    from tianji.rl.multiagent import ParallelEnvAdapter
+
+    env = env_factory(config)()
+    try:
+        inner = env.unwrapped
+        state = inner.state_space if isinstance(inner, ParallelEnvAdapter) else None
+        return env.observation_space, env.action_space, state
+    finally:
+        env.close()
+
+
+def make_vector_env(config: EnvConfig, num_envs: int) -> SyncVectorEnv:
+    """``num_envs`` copies stepped together; finished envs reset in the same step, and the
+    true final observation is in ``info["final_obs"]``."""
+    factory = env_factory(config)
+    return SyncVectorEnv([factory] * num_envs, autoreset_mode=AutoresetMode.SAME_STEP)
+
+
+def random_policy_returns(config: EnvConfig, episodes: int, *, seed: int = 0) -> np.ndarray:
+    """Returns of ``episodes`` episodes of uniformly random actions: the baseline a trained
+    policy is compared with (the team return for multi-agent envs).
+
+    Raises:
+        ConfigError: if ``episodes`` < 1, or from building the env.
+    """
+    if episodes < 1:
+        raise ConfigError("episodes", episodes, "a positive integer")
+    env = env_factory(config)()
+    env.action_space.seed(seed)
+    returns = np.zeros(episodes, np.float64)
+    try:
+        for k in range(episodes):
+            env.reset(seed=seed + k)
+            done = False
+            while not done:
+                _, reward, terminated, truncated, _ = env.step(env.action_space.sample())
+                returns[k] += float(reward)
+                done = bool(terminated or truncated)
+    finally:
+        env.close()
+    return returns

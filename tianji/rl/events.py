@@ -1,0 +1,194 @@
+"""The RL events: flow-control commands, data and checkpoints (declared with
+:func:`tianji.runtime.events.event`, so the codec carries them like any other event).
+
+Facts are named in the past tense, commands in the imperative (see
+:mod:`tianji.runtime.events`). Every data-bearing event has a ``policy_version``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tianji.runtime.events import Event, event
+
+__all__ = [
+    "ActionsComputed",
+    "BatchRequested",
+    "CheckpointRequested",
+    "CheckpointRestored",
+    "CheckpointTaken",
+    "ConsumptionGranted",
+    "EpisodesFinished",
+    "GradientsShared",
+    "ObservationsReady",
+    "ParamsPublished",
+    "PauseProduction",
+    "PrioritiesUpdated",
+    "ProductionGranted",
+    "ResumeProduction",
+    "SampleBatch",
+    "TrajectoryCollected",
+]
+
+
+@event
+class PauseProduction(Event):
+    """Command a producer to stop producing until resumed."""
+
+    reason: str
+
+
+@event
+class ResumeProduction(Event):
+    """Command a paused producer to continue."""
+
+    reason: str
+
+
+@event
+class ProductionGranted(Event):
+    """Command an on-policy producer: it may have sent ``limit`` fragments in all (counted
+    from its start) and starts each one only once it holds weights of ``min_version`` or
+    newer. A grant replaces the previous one; ``limit`` never decreases."""
+
+    limit: int
+    min_version: int
+    reason: str
+
+
+@event
+class ConsumptionGranted(Event):
+    """Command a learner: it may consume until its ``samples_consumed`` reaches ``limit``
+    (``-1``: no limit). A grant replaces the previous one."""
+
+    limit: int
+    reason: str
+
+
+@event
+class TrajectoryCollected(Event):
+    """Fact: an actor collected a trajectory fragment with the policy ``policy_version``."""
+
+    actor: str
+    policy_version: int
+    arrays: dict[str, np.ndarray]
+
+
+@event
+class ParamsPublished(Event):
+    """Fact: the learner published weights; ``policy_version`` is their version."""
+
+    policy_version: int
+    weights: dict[str, np.ndarray]
+
+
+@event
+class CheckpointTaken(Event):
+    """Fact: learner-0 packed its whole state (``tianji.rl.checkpoint.pack_state`` bytes as a
+    uint8 array) at ``policy_version``; the run's monitor writes it into the run directory."""
+
+    policy_version: int
+    state: np.ndarray
+
+
+@event
+class CheckpointRequested(Event):
+    """Command learner-0 to take a checkpoint now (the run is about to stop cleanly)."""
+
+    reason: str
+
+
+@event
+class CheckpointRestored(Event):
+    """Command a (resumed) learner to continue from this packed state at ``policy_version``
+    (sent by the run's monitor to every learner that subscribes)."""
+
+    policy_version: int
+    state: np.ndarray
+
+
+@event
+class EpisodesFinished(Event):
+    """Fact: an actor's envs finished episodes (training episodes, exploration on)."""
+
+    actor: str
+    policy_version: int
+    returns: np.ndarray
+    lengths: np.ndarray
+    env_steps: int
+
+
+@event
+class ObservationsReady(Event):
+    """Command the inference service to compute actions for an actor's observations."""
+
+    actor: str
+    request_id: int
+    obs: np.ndarray
+
+
+@event
+class ActionsComputed(Event):
+    """Fact: the inference service computed ``arrays`` (``action`` + extras) for a request."""
+
+    actor: str
+    request_id: int
+    policy_version: int
+    arrays: dict[str, np.ndarray]
+
+
+@event
+class BatchRequested(Event):
+    """Credit for a buffer: ``count`` is the total number of sample batches ``learner`` has
+    asked for since it started (cumulative, so repeating a request is harmless and a lost
+    one is made good by the next).
+
+    ``learner_version`` lets the buffer drop samples older than ``max_policy_lag``.
+    ``buffer`` names the shard the credit is for (``""``: any buffer that serves
+    ``learner``); with several shards the count is per shard. ``received``: the batches the
+    learner got from that shard so far, so a restarted buffer that first hears of the
+    learner owes it only ``count - received``.
+    """
+
+    learner: str
+    count: int
+    learner_version: int
+    buffer: str = ""
+    received: int = 0
+
+
+@event
+class SampleBatch(Event):
+    """Fact: a buffer handed out a batch; ``policy_versions`` are the samples' versions;
+    ``buffer`` is the shard it came from (priorities for its slots go back there)."""
+
+    batch_id: int
+    policy_version: int
+    arrays: dict[str, np.ndarray]
+    policy_versions: np.ndarray
+    buffer: str = ""
+
+
+@event
+class PrioritiesUpdated(Event):
+    """Fact: the learner computed new priorities for sampled replay slots."""
+
+    policy_version: int
+    indices: np.ndarray
+    priorities: np.ndarray
+
+
+@event
+class GradientsShared(Event):
+    """Fact: data-parallel learner ``learner`` (``index`` of K) computed its flat float32
+    gradient ``grads`` for all-reduce step ``step`` (steps count optimizer steps from 0).
+
+    ``digest`` is a hash of its weights before the step (checked by the peers), or ``""``
+    on steps where it is not checked.
+    """
+
+    learner: str
+    index: int
+    step: int
+    grads: np.ndarray
+    digest: str

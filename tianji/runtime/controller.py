@@ -1,0 +1,340 @@
+r"""The controller's control plane: registry of services and the topics they publish.
+
+Services register their listening address and published topics; subscribers watch
+topics and are told the publishers' addresses now and on every change, then connect to
+the publishers directly (bulk data never passes through the controller). The controller
+also keeps each service's latest heartbeat, collects reports and broadcasts commands.
+
+It knows no RL: what a run needs beyond the registry (the balance of production and
+consumption, the run's sample accounting) reaches it as a :class:`ControllerPlugin`, e.g.
+:class:`tianji.services.balancer.Balancer`. A plug-in sees every heartbeat of the roles it
+names, sends commands through the controller, adds gauges to the controller's heartbeat and
+settles the counts of a service that died.
+
+Usage::
+
+    controller = Controller(bind="tcp://127.0.0.1:0")
+    task = asyncio.create_task(controller.run())
+    await controller.wait_ready()
+    ...                                   # start services with controller=controller.address
+    await controller.wait_until(lambda c: len(c.registry) == 3, timeout=30)
+    await controller.shutdown_all("done")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
+
+from tianji.runtime.core import Connection
+from tianji.runtime.errors import TianjiError
+from tianji.runtime.events import (
+    Event,
+    Heartbeat,
+    PublishersChanged,
+    RegisterService,
+    ServiceRegistered,
+    ServiceReported,
+    Shutdown,
+    WatchTopics,
+)
+from tianji.runtime.service import CONTROL, Service
+
+__all__ = ["Controller", "ControllerPlugin", "Send", "ServiceRecord"]
+
+log = logging.getLogger("tianji.controller")
+
+Send = Callable[[str, Event], Awaitable[bool]]
+"""``await send(service_name, event) -> delivered``: how a plug-in sends a command."""
+P = TypeVar("P")
+
+
+@dataclasses.dataclass(slots=True)
+class ServiceRecord:
+    """What the controller knows about one registered service."""
+
+    name: str
+    role: str
+    address: str
+    publishes: tuple[str, ...]
+    host: str
+    pid: int
+    conn: Connection
+    registered_at: float
+    local_address: str = ""
+    locality: str = ""
+    last_heartbeat: Heartbeat | None = None
+    last_seen: float = 0.0
+
+
+class ControllerPlugin(Protocol):
+    """What the controller runs beside its registry (the run's balance, for one).
+
+    ``roles``: heartbeats of these roles wake :meth:`update` (one call at a time, on the
+    latest heartbeats of every service, live and retired). ``attach`` hands it the
+    controller's ``send``. ``gauges`` go into the controller's heartbeat. When a service
+    dies and will be restarted, ``retired`` may rewrite the last heartbeat kept under its
+    retired name (count what it held as lost) and ``forget`` drops its state; when the
+    next incarnation registers, ``rejoined`` may settle the retired one's counts.
+    """
+
+    roles: frozenset[str]
+
+    def attach(self, send: Send) -> None: ...
+
+    async def update(
+        self, heartbeats: Mapping[str, Heartbeat], live: Mapping[str, ServiceRecord]
+    ) -> None: ...
+
+    def gauges(self) -> dict[str, float]: ...
+
+    def forget(self, name: str) -> None: ...
+
+    def retired(self, hb: Heartbeat) -> Heartbeat: ...
+
+    def rejoined(self, retired: str, heartbeats: dict[str, Heartbeat]) -> None: ...
+
+
+class Controller(Service):
+    """Registry, heartbeats, reports and commands; see the module docstring.
+
+    Args:
+        name: the controller's service name.
+        run_id: identifies the run; generated when omitted.
+        plugins: what runs beside the registry (:class:`ControllerPlugin`).
+        kwargs: passed to :class:`~tianji.runtime.service.Service` (``bind``, ``options``).
+    """
+
+    role = "controller"
+
+    def __init__(
+        self,
+        name: str = "controller",
+        *,
+        run_id: str | None = None,
+        plugins: Sequence[ControllerPlugin] = (),
+        **kwargs: Any,
+    ):
+        super().__init__(name, **kwargs)
+        self.plugins = tuple(plugins)
+        for plugin in self.plugins:
+            plugin.attach(self._command)
+        self.run_id = run_id or uuid.uuid4().hex[:12]
+        self.run_digest = ""  # when set, services registering another digest are refused
+        self._balance_wanted = asyncio.Event()
+        self.registry: dict[str, ServiceRecord] = {}
+        self.reports: dict[str, ServiceReported] = {}
+        self.heartbeats: dict[str, Heartbeat] = {}  # latest per service, kept after it leaves
+        self.restarts: collections.Counter[str] = collections.Counter()  # by service name
+        self._watchers: dict[str, set[Connection]] = {}
+
+    # ------------------------------------------------------------------ queries
+    def plugin(self, kind: type[P]) -> P | None:
+        """The plug-in of class ``kind``, or None."""
+        for plugin in self.plugins:
+            if isinstance(plugin, kind):
+                return plugin
+        return None
+
+    def publishers(self, topic_name: str, locality: str = "") -> tuple[str, ...]:
+        """Addresses of the services that publish ``topic_name``, sorted: for a subscriber
+        of the given ``locality`` a publisher's local address (shared memory) where it has
+        one and shares that locality, else its main address (TCP)."""
+        return tuple(
+            sorted(
+                r.local_address
+                if locality and r.local_address and r.locality == locality
+                else r.address
+                for r in self.registry.values()
+                if topic_name in r.publishes
+            )
+        )
+
+    def _locality_of(self, conn: Connection) -> str:
+        for record in self.registry.values():
+            if record.conn is conn:
+                return record.locality
+        return ""
+
+    async def wait_until(
+        self, predicate: Callable[[Controller], bool], timeout: float | None = None
+    ) -> None:
+        """Wait until ``predicate(self)`` holds; re-checked on every registry change.
+
+        Raises:
+            TimeoutError: if it does not hold within ``timeout`` seconds.
+        """
+
+        async def wait() -> None:
+            while not predicate(self):
+                await self._wait_changed()
+
+        await asyncio.wait_for(wait(), timeout)
+
+    async def broadcast(self, ev: Event) -> int:
+        """Send a command to every registered service; returns how many got it."""
+        frames = self._frames(ev, CONTROL)
+        sent = 0
+        for record in list(self.registry.values()):
+            try:
+                await record.conn.send(frames)
+                sent += 1
+            except TianjiError as exc:
+                log.warning("cannot send %s to %s: %s", ev.TYPE, record.name, str(exc))
+        return sent
+
+    async def shutdown_all(self, reason: str) -> int:
+        """Tell every registered service to drain and stop."""
+        return await self.broadcast(Shutdown(reason=reason))
+
+    async def main(self) -> None:
+        if not self.plugins:
+            await super().main()
+            return
+        await self._plugin_loop()
+
+    async def _plugin_loop(self) -> None:
+        """Plug-in updates, one at a time, on the latest heartbeats: heartbeats arrive on
+        many connections at once, and two interleaved decisions could send commands out of
+        order (a pause after the resume that superseded it)."""
+        while True:
+            await self._balance_wanted.wait()
+            self._balance_wanted.clear()
+            for plugin in self.plugins:
+                await plugin.update(self.heartbeats, self.registry)
+                self.gauges.update(plugin.gauges())  # in the controller's heartbeat
+
+    # ------------------------------------------------------------------ requests
+    async def on_request(self, ev: Event, conn: Connection) -> None:
+        if isinstance(ev, RegisterService):
+            await self._register(ev, conn)
+        elif isinstance(ev, WatchTopics):
+            where = self._locality_of(conn)
+            for name in ev.topics:
+                self._watchers.setdefault(name, set()).add(conn)
+                await self._tell(
+                    conn, PublishersChanged(topic=name, addresses=self.publishers(name, where))
+                )
+        elif isinstance(ev, Heartbeat):
+            record = self.registry.get(ev.name)
+            if record is not None and record.conn is conn:
+                self.heartbeats[ev.name] = ev
+                record.last_heartbeat = ev
+                record.last_seen = time.monotonic()
+                if any(ev.role in plugin.roles for plugin in self.plugins):
+                    self._balance_wanted.set()  # decided by _plugin_loop, one at a time
+                self._notify()
+        elif isinstance(ev, ServiceReported):
+            self.reports[ev.name] = ev
+            log.info("%s reported %s: %s", ev.name, ev.status, ev.summary)
+            self._notify()
+        else:
+            await super().on_request(ev, conn)
+
+    async def _register(self, ev: RegisterService, conn: Connection) -> None:
+        if self.run_digest and ev.run_digest and ev.run_digest != self.run_digest:
+            why = (
+                f"refused: {ev.name}'s run config (digest {ev.run_digest}) differs from the "
+                f"controller's ({self.run_digest}); start it with the same config and --set"
+            )
+            log.error("%s", why)
+            self.counters["registrations_refused"] += 1
+            await self._tell(conn, Shutdown(reason=why))
+            return
+        if self.restarts.get(ev.name) and ev.name not in self.heartbeats:
+            retired = f"{ev.name}#{self.restarts[ev.name]}"  # the next incarnation joins
+            for plugin in self.plugins:
+                plugin.rejoined(retired, self.heartbeats)
+        old = self.registry.get(ev.name)
+        if old is not None and old.conn is not conn:
+            log.warning(
+                "%s registered again from %s; replacing %s", ev.name, ev.address, old.address
+            )
+        before = set(old.publishes) if old is not None else set()
+        now = time.monotonic()
+        self.registry[ev.name] = ServiceRecord(
+            name=ev.name,
+            role=ev.role,
+            address=ev.address,
+            publishes=ev.publishes,
+            host=ev.host,
+            pid=ev.pid,
+            conn=conn,
+            registered_at=now,
+            last_seen=now,
+            local_address=ev.local_address,
+            locality=ev.locality,
+        )
+        log.info("registered %s (%s) at %s", ev.name, ev.role, ev.address)
+        await self._tell(conn, ServiceRegistered(name=ev.name, run_id=self.run_id))
+        changed = before ^ set(ev.publishes)
+        if old is not None and (old.address, old.local_address) != (
+            ev.address,
+            ev.local_address,
+        ):
+            changed |= before | set(ev.publishes)
+        await self._announce(changed)
+        self._notify()
+
+    async def on_peer_closed(self, conn: Connection) -> None:
+        gone = [r for r in self.registry.values() if r.conn is conn]
+        for record in gone:
+            del self.registry[record.name]
+            log.info("%s (%s) left", record.name, record.role)
+        for watchers in self._watchers.values():
+            watchers.discard(conn)
+        await self._announce({t for r in gone for t in r.publishes})
+        self._notify()
+
+    async def _announce(self, topics: set[str]) -> None:
+        for name in sorted(topics):
+            for watcher in list(self._watchers.get(name, ())):
+                where = self._locality_of(watcher)
+                update = PublishersChanged(topic=name, addresses=self.publishers(name, where))
+                await self._tell(watcher, update)
+
+    def retire(self, name: str) -> None:
+        """``name`` died and will be restarted: keep its last counts under ``name#<k>``
+        (k-th death) so the run's totals stay cumulative (the plug-ins may count what it
+        held as lost, :meth:`ControllerPlugin.retired`), and let the next incarnation
+        report from zero under ``name``."""
+        self.restarts[name] += 1
+        for plugin in self.plugins:
+            plugin.forget(name)
+        hb = self.heartbeats.pop(name, None)
+        if hb is None:
+            return
+        retired = f"{name}#{self.restarts[name]}"
+        hb = dataclasses.replace(hb, name=retired, state="dead")
+        for plugin in self.plugins:
+            hb = plugin.retired(hb)
+        self.heartbeats[retired] = hb
+        self._notify()
+
+    async def command(self, name: str, ev: Event) -> bool:
+        """Send a command to one registered service; False if it is not registered or the
+        send failed."""
+        return await self._command(name, ev)
+
+    async def _command(self, name: str, ev: Event) -> bool:
+        record = self.registry.get(name)
+        if record is None:
+            return False
+        try:
+            await record.conn.send(self._frames(ev, CONTROL))
+        except TianjiError as exc:
+            log.info("cannot send %s to %s: %s", ev.TYPE, name, str(exc))
+            return False
+        return True
+
+    async def _tell(self, conn: Connection, ev: Event) -> None:
+        try:
+            await conn.send(self._frames(ev, CONTROL))
+        except TianjiError as exc:
+            log.debug("cannot tell %s about %s: %s", conn.peer, ev.TYPE, str(exc))

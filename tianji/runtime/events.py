@@ -1,0 +1,237 @@
+"""Typed events: the only thing services exchange.
+
+Events are frozen, slotted, keyword-only dataclasses declared with :func:`event`. Facts are
+named in the past tense (``TrajectoryCollected``), commands in the imperative
+(:class:`Shutdown`). Every data-bearing event has a ``policy_version`` field: the version of
+the policy that produced the data, so staleness can be measured where data is consumed.
+
+Field types the codec understands: ``None``, ``bool``, ``int``, ``float``, ``str``,
+``bytes``, ``numpy.ndarray`` (numeric dtypes), ``tuple[X, ...]`` and ``dict[str, X]`` of
+those. Use :func:`topic` to name topics, never string literals::
+
+    >>> topic(Heartbeat)
+    'Heartbeat'
+    >>> topic(Heartbeat, "actor-3")
+    'Heartbeat/actor-3'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from typing import Any, ClassVar, TypeVar, dataclass_transform
+
+import numpy as np
+
+__all__ = [
+    "ArraysPublished",
+    "Event",
+    "EventInfo",
+    "Heartbeat",
+    "PublishersChanged",
+    "RegisterService",
+    "ServiceRegistered",
+    "ServiceReported",
+    "Shutdown",
+    "Subscribe",
+    "WatchTopics",
+    "event",
+    "event_info",
+    "event_type_of_topic",
+    "event_types",
+    "topic",
+]
+
+_REGISTRY: dict[str, EventInfo] = {}
+
+E = TypeVar("E", bound="Event")
+
+
+class Event:
+    """Marker base class of every event. Declare events with :func:`event`."""
+
+    __slots__ = ()
+    TYPE: ClassVar[str]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EventInfo:
+    """What the codec knows about one event class.
+
+    Attributes:
+        name: the wire name (the class name unless given).
+        cls: the event class.
+        fields: the field names, in declaration order.
+        hints: the resolved type annotation of every field.
+    """
+
+    name: str
+    cls: type[Event]
+    fields: tuple[str, ...]
+    hints: dict[str, Any]
+
+
+@dataclass_transform(frozen_default=True, kw_only_default=True)
+def event(cls: type[E] | None = None, *, name: str | None = None) -> Any:
+    """Turn a class into a frozen, slotted, keyword-only event and register it.
+
+    Args:
+        cls: the class to decorate (when used without parentheses).
+        name: the wire name; defaults to the class name. Must be unique.
+
+    Returns:
+        The dataclass, registered with the codec.
+
+    Raises:
+        ValueError: if another event class already uses ``name``.
+    """
+
+    def wrap(c: type[E]) -> type[E]:
+        wire = name or c.__name__
+        if wire in _REGISTRY and _REGISTRY[wire].cls.__qualname__ != c.__qualname__:
+            raise ValueError(f"event name {wire!r} is already used by {_REGISTRY[wire].cls!r}")
+        dc: Any = dataclasses.dataclass(frozen=True, slots=True, kw_only=True)(c)
+        dc.TYPE = wire
+        hints = typing.get_type_hints(dc)
+        hints.pop("TYPE", None)
+        fields = tuple(f.name for f in dataclasses.fields(dc))
+        _REGISTRY[wire] = EventInfo(wire, dc, fields, {f: hints[f] for f in fields})
+        result: type[E] = dc
+        return result
+
+    if cls is None:
+        return wrap
+    return wrap(cls)
+
+
+def event_types() -> dict[str, EventInfo]:
+    """Return a snapshot of the registered event classes, by wire name."""
+    return dict(_REGISTRY)
+
+
+def event_info(name: str) -> EventInfo | None:
+    """The registered event class with wire name ``name``, or ``None`` (no copy)."""
+    return _REGISTRY.get(name)
+
+
+def topic(event_type: type[Event], *scope: str) -> str:
+    """Name the topic that carries ``event_type``, optionally narrowed by ``scope`` parts.
+
+    Args:
+        event_type: an event class declared with :func:`event`.
+        scope: optional qualifiers (e.g. a learner id) appended with ``/``.
+
+    Returns:
+        ``"TypeName"`` or ``"TypeName/scope/..."``.
+
+    Raises:
+        TypeError: if ``event_type`` is not a registered event class.
+    """
+    wire = getattr(event_type, "TYPE", None)
+    if not isinstance(wire, str) or wire not in _REGISTRY:
+        raise TypeError(f"{event_type!r} is not an event class declared with @event")
+    for part in scope:
+        if not part or "/" in part:
+            raise ValueError(f"topic scope part {part!r} must be non-empty and contain no '/'")
+    return "/".join((wire, *scope))
+
+
+def event_type_of_topic(name: str) -> str:
+    """Return the event wire name a topic carries (its first ``/`` part)."""
+    return name.split("/", 1)[0]
+
+
+# --------------------------------------------------------------------------- control plane
+
+
+@event
+class Subscribe(Event):
+    """Command a publisher to send events on ``topics`` over this connection."""
+
+    topics: tuple[str, ...]
+
+
+@event
+class RegisterService(Event):
+    """Command the controller to register a service and the topics it publishes.
+
+    ``local_address`` (optional) is a second listener for services of the same
+    ``locality`` (same host and network namespace), e.g. shared memory. ``run_digest``
+    (optional) identifies the service's run config; a controller with a digest of its own
+    refuses a service whose digest differs.
+    """
+
+    name: str
+    role: str
+    address: str
+    publishes: tuple[str, ...]
+    host: str
+    pid: int
+    local_address: str = ""
+    locality: str = ""
+    run_digest: str = ""
+
+
+@event
+class ServiceRegistered(Event):
+    """Fact: the controller accepted a registration."""
+
+    name: str
+    run_id: str
+
+
+@event
+class WatchTopics(Event):
+    """Command the controller to report publishers of ``topics`` now and on every change."""
+
+    topics: tuple[str, ...]
+
+
+@event
+class PublishersChanged(Event):
+    """Fact: the set of addresses publishing ``topic`` is now ``addresses``."""
+
+    topic: str
+    addresses: tuple[str, ...]
+
+
+@event
+class Heartbeat(Event):
+    """Fact: a service is alive; carries its state, counters and queue depths."""
+
+    name: str
+    role: str
+    state: str
+    counters: dict[str, int]
+    gauges: dict[str, float]
+    queue_depths: dict[str, int]
+    sent_at: float
+
+
+@event
+class ServiceReported(Event):
+    """Fact: a service reports a result to the controller (``status`` is "ok" or "failed")."""
+
+    name: str
+    status: str
+    summary: dict[str, Any]
+
+
+@event
+class Shutdown(Event):
+    """Command a service to drain and stop."""
+
+    reason: str
+
+
+# --------------------------------------------------------------------------- data plane
+
+
+@event
+class ArraysPublished(Event):
+    """Fact: a generic bundle of named arrays was produced (examples, tests, benchmarks)."""
+
+    seq: int
+    policy_version: int
+    arrays: dict[str, np.ndarray]
+    meta: dict[str, Any]

@@ -1,0 +1,466 @@
+"""The balancer: the controller-side shell of the balance policy (a controller plug-in).
+
+It turns the heartbeats of actors, buffers and learners into
+:class:`~tianji.rl.balance.Observation` values, asks the pure
+:class:`~tianji.rl.balance.BalancePolicy`, and sends what changed as commands
+(:class:`~tianji.rl.events.ProductionGranted`, :class:`~tianji.rl.events.PauseProduction` /
+:class:`~tianji.rl.events.ResumeProduction` to actors,
+:class:`~tianji.rl.events.ConsumptionGranted` to learners). It never touches data. It also
+keeps the run's balance metrics (:meth:`Balancer.metrics`), its watchdog, and the sample
+accounting (:func:`accounting`), and settles the counts of services that die.
+
+Usage::
+
+    controller = Controller(plugins=[Balancer(balance_config)])
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from tianji.rl.balance import BalanceConfig, BalancePolicy, Decision, Grant, LagStats, Observation
+from tianji.rl.events import (
+    ConsumptionGranted,
+    PauseProduction,
+    ProductionGranted,
+    ResumeProduction,
+)
+from tianji.runtime.controller import Controller, Send
+from tianji.runtime.events import Event, Heartbeat
+
+__all__ = ["Balancer", "accounting", "balancer_of", "dropped_by_reason", "lag_summary"]
+
+log = logging.getLogger("tianji.balancer")
+
+
+async def _unattached(name: str, ev: Event) -> bool:
+    raise RuntimeError(
+        f"the balancer is not attached to a controller (sending {ev.TYPE} to {name})"
+    )
+
+
+def balancer_of(controller: Controller) -> Balancer | None:
+    """The controller's balancer plug-in, or None (a run without balance)."""
+    return controller.plugin(Balancer)
+
+
+class Balancer:
+    """The controller's balance shell: heartbeats in, commands out; the policy decides.
+
+    In ``sync`` mode each actor enforces one fragment per policy version itself (a round
+    trip through the controller would only add latency to the baseline), so the policy's
+    ``paused`` set is reported, not sent; the learner's grant is sent in every mode but
+    ``unbalanced``. With K data-parallel learners the policy's limit is for all of them
+    and each learner is granted ``limit // K`` (they consume equal batches in lockstep).
+    On-policy ``relaxed`` producers are paced by production grants (``ProductionGranted``);
+    off-policy ones by ``PauseProduction`` / ``ResumeProduction``.
+
+    It is also the run's watchdog: when no sample is produced and none consumed for
+    ``config.watchdog_s`` seconds while producers and learners are up, it logs who waits for
+    what (:meth:`stall_report`) and :meth:`metrics` shows it (``stalled``) in the progress
+    line and ``/api/status`` until the run moves again.
+
+    Args:
+        config: the balance settings.
+        send: ``await send(service_name, event) -> delivered``; the controller attaches its
+            own when the balancer is one of its plug-ins.
+        window: seconds over which production and consumption rates are measured.
+    """
+
+    ROLES = frozenset({"actor", "buffer", "learner"})
+    roles = ROLES
+
+    def __init__(
+        self, config: BalanceConfig, send: Send | None = None, *, window: float = 5.0
+    ) -> None:
+        self.config = config
+        self.policy = BalancePolicy(config)
+        self._send: Send = send or _unattached
+        self.window = window
+        self.paused: set[str] = set()
+        self.grants: dict[str, int] = {}  # learner -> consume limit sent
+        self.production: dict[str, Grant] = {}  # producer -> production grant sent
+        self._incarnation: dict[str, float | None] = {}  # producer -> registered_at
+        self.commands: collections.Counter[str] = collections.Counter()
+        self.decisions = 0
+        self.last: Decision | None = None
+        self._history: collections.deque[tuple[float, int, int]] = collections.deque()
+        self._moved: tuple[int, int, float] | None = None  # (produced, consumed, when)
+        self.stalled: dict[str, Any] | None = None
+        self.stalls = 0
+
+    def attach(self, send: Send) -> None:
+        """Send commands through the controller (:class:`ControllerPlugin`)."""
+        self._send = send
+
+    def retired(self, hb: Heartbeat) -> Heartbeat:
+        """A dead service's last heartbeat: what it held (``buffered_samples``,
+        ``held_samples``) is counted as ``dropped/lost_in_restart``."""
+        counters = dict(hb.counters)
+        gauges = dict(hb.gauges)
+        lost = int(gauges.pop("buffered_samples", 0) + gauges.pop("held_samples", 0))
+        if lost:
+            counters["dropped/lost_in_restart"] = counters.get("dropped/lost_in_restart", 0) + lost
+        return dataclasses.replace(hb, counters=counters, gauges=gauges)
+
+    def rejoined(self, retired: str, heartbeats: dict[str, Heartbeat]) -> None:
+        """Rollout batches a buffer sent to a learner that died before it received them
+        will never be consumed: count them as ``dropped/lost_in_restart`` (and received) on
+        its retired incarnation. Done when the next incarnation registers, when the
+        buffers' heartbeats have long reported their last sends; without it the controller
+        would wait for that backlog forever and keep the actors paused."""
+        hb = heartbeats.get(retired)
+        if hb is None or hb.role != "learner":
+            return
+        beats = heartbeats.values()
+        sent = sum(b.counters.get("samples_sent", 0) for b in beats if b.role == "buffer")
+        received = sum(b.counters.get("samples_received", 0) for b in beats if b.role == "learner")
+        lost = sent - received
+        if lost <= 0:
+            return
+        counters = dict(hb.counters)
+        counters["samples_received"] = counters.get("samples_received", 0) + lost
+        counters["dropped/lost_in_restart"] = counters.get("dropped/lost_in_restart", 0) + lost
+        heartbeats[retired] = dataclasses.replace(hb, counters=counters)
+        log.warning("%s died with %d samples on their way to it: lost_in_restart", retired, lost)
+
+    def forget(self, name: str) -> None:
+        """``name`` died: its next incarnation starts without grants."""
+        self.grants.pop(name, None)
+        self.production.pop(name, None)
+        self._incarnation.pop(name, None)
+        self.paused.discard(name)
+
+    @staticmethod
+    def observe(
+        heartbeats: Mapping[str, Heartbeat],
+        live: Mapping[str, Any],
+        granted: Mapping[str, int] | None = None,
+    ) -> Observation:
+        """The policy's view of the run from the latest heartbeats of live services (and
+        the counts of dead incarnations, ``name#k``, which stay in the totals)."""
+        inserted = consumed = dropped = produced = version = 0
+        params: int | None = None
+        filling = False
+        versions: dict[str, int] = {}
+        fragments: dict[str, int] = {}
+        sent: dict[str, int] = {}
+        for name, hb in heartbeats.items():
+            if hb.role == "buffer":
+                inserted += hb.counters.get("samples_inserted", 0)
+                dropped += _dropped(hb)
+                filling |= name in live and hb.gauges.get("ready", 1.0) < 1.0
+            elif hb.role == "learner":
+                consumed += hb.counters.get("samples_consumed", 0)
+                dropped += _dropped(hb)
+                version = max(version, hb.counters.get("learner_updates", 0))
+                if "params_version" in hb.gauges and name in live:
+                    params = max(params or 0, int(hb.gauges["params_version"]))
+            elif hb.role == "actor":
+                produced += hb.counters.get("samples_produced", 0)
+                dropped += _dropped(hb)
+                # a producer counts from its first heartbeat since it registered: until
+                # then the last one may be an earlier incarnation's (its counts, not ours)
+                if name in live and getattr(live[name], "last_heartbeat", hb) is not None:
+                    versions[name] = int(hb.gauges.get("policy_version", -1))
+                    fragments[name] = int(hb.gauges.get("fragments_at_version", 0))
+                    sent[name] = int(hb.counters.get("fragments_sent", 0))
+        return Observation(
+            inserted=inserted,
+            consumed=consumed,
+            dropped=dropped,
+            learner_version=version,
+            producer_versions=versions,
+            fragments_at_version=fragments,
+            filling=filling,
+            produced=produced,
+            fragments_sent=sent,
+            granted={p: granted.get(p, 0) for p in versions} if granted else {},
+            params_version=params,
+        )
+
+    async def update(self, heartbeats: Mapping[str, Heartbeat], live: Mapping[str, Any]) -> None:
+        """Decide on the latest heartbeats and send what changed."""
+        self._track_incarnations(live)
+        granted = {n: g.limit for n, g in self.production.items()}
+        obs = self.observe(heartbeats, live, granted)
+        now = time.monotonic()
+        self._history.append((now, obs.inserted, obs.consumed))
+        while len(self._history) > 2 and self._history[1][0] < now - self.window:
+            self._history.popleft()
+        decision = self.policy.decide(obs)
+        self.decisions += 1
+        if self.last is None or decision.reason.split(":")[0] != self.last.reason.split(":")[0]:
+            log.debug("balance: %s", decision.reason)
+        self.last = decision
+        if decision.grants is not None:
+            await self._grant_production(decision, live)
+        elif self.config.mode == "relaxed":
+            await self._pause_resume(decision)
+        self.paused &= set(live)
+        self._watch(obs, heartbeats, live, now)
+        if self.config.mode == "unbalanced" or decision.consume_limit is None:
+            return
+        # Data-parallel learners step together on equal batches: each gets an equal share.
+        limit = decision.consume_limit // self.config.learners
+        learners = [n for n, hb in heartbeats.items() if hb.role == "learner" and n in live]
+        for name in learners:
+            own = limit - _retired_consumed(heartbeats, name)  # a restarted one counts from 0
+            if self.grants.get(name) != own:
+                grant = ConsumptionGranted(limit=own, reason=decision.reason)
+                if await self._send(name, grant):
+                    self.grants[name] = own
+                    self.commands["grant"] += 1
+
+    def _track_incarnations(self, live: Mapping[str, Any]) -> None:
+        """A producer registered anew (restarted under its name) counts its fragments from
+        0 again: its grants start over."""
+        for name in list(self.production):
+            registered = getattr(live.get(name), "registered_at", None)
+            if name not in live or registered != self._incarnation.get(name):
+                self.forget(name)
+
+    async def _grant_production(self, decision: Decision, live: Mapping[str, Any]) -> None:
+        assert decision.grants is not None
+        self.paused = set(decision.paused)
+        for name, grant in sorted(decision.grants.items()):
+            ev = ProductionGranted(
+                limit=grant.limit, min_version=grant.min_version, reason=decision.reason
+            )
+            if await self._send(name, ev):
+                self.production[name] = grant
+                self._incarnation[name] = getattr(live.get(name), "registered_at", None)
+                self.commands["grant_production"] += 1
+
+    # ------------------------------------------------------------------ watchdog
+    def _watch(
+        self,
+        obs: Observation,
+        heartbeats: Mapping[str, Heartbeat],
+        live: Mapping[str, Any],
+        now: float,
+    ) -> None:
+        """Report a run in which nothing is produced and nothing consumed for
+        ``watchdog_s`` seconds while producers and a learner are up (once per stall)."""
+        produced = obs.produced or obs.inserted
+        learners_up = any(hb.role == "learner" and n in live for n, hb in heartbeats.items())
+        last = self._moved
+        moved = last is not None and (produced, obs.consumed) != last[:2]
+        if last is None or moved or not obs.producer_versions or not learners_up:
+            if self.stalled is not None and last is not None and moved:
+                log.warning("the run moves again after %.0f s", now - last[2])
+            self.stalled = None  # moving again, or nobody left to wait for
+            self._moved = (produced, obs.consumed, now)
+            return
+        silent = now - last[2]
+        if self.config.watchdog_s <= 0 or silent < self.config.watchdog_s:
+            return
+        state = self.stall_report(obs, heartbeats, live)
+        if self.stalled is None:
+            self.stalls += 1
+            log.warning("watchdog: no sample produced or consumed for %.0f s: %s", silent, state)
+        self.stalled = {"seconds": round(silent, 1), "state": state}
+
+    def stall_report(
+        self, obs: Observation, heartbeats: Mapping[str, Heartbeat], live: Mapping[str, Any]
+    ) -> str:
+        """Who waits for what: every producer (its grant, weights or pause), the learners
+        (held samples, grant, version) and the buffers (depth)."""
+        parts: list[str] = []
+        for name in sorted(obs.producer_versions):
+            version = obs.producer_versions[name]
+            sent = obs.fragments_sent.get(name, 0)
+            grant = self.production.get(name)
+            if grant is not None or (self.config.on_policy and self.config.mode == "relaxed"):
+                limit = grant.limit if grant else 0
+                if sent >= limit:
+                    why = f"waits for a grant (sent {sent} of {limit} granted)"
+                elif grant is not None and version < grant.min_version:
+                    why = f"waits for weights v{grant.min_version} (has v{version})"
+                else:
+                    why = f"may collect (sent {sent} of {limit} granted, v{version})"
+            elif name in self.paused:
+                why = f"paused (v{version})"
+            else:
+                why = f"not paused (v{version}, {obs.fragments_at_version.get(name, 0)} at it)"
+            parts.append(f"{name} {why}")
+        for name, hb in sorted(heartbeats.items()):
+            if name not in live:
+                continue
+            if hb.role == "learner":
+                cap = hb.gauges.get("consume_limit")
+                allowed = f", grant {cap:.0f}" if cap is not None else ""
+                parts.append(
+                    f"{name} v{hb.counters.get('learner_updates', 0)} consumed "
+                    f"{hb.counters.get('samples_consumed', 0)}{allowed}, holds "
+                    f"{hb.gauges.get('held_samples', 0):.0f} samples"
+                )
+            elif hb.role == "buffer":
+                parts.append(
+                    f"{name} holds {hb.gauges.get('size', 0):.0f} "
+                    f"({hb.gauges.get('buffered_samples', 0):.0f} samples)"
+                )
+        if self.last is not None:
+            parts.append(f"balance: {self.last.reason}")
+        return "; ".join(parts)
+
+    async def _pause_resume(self, decision: Decision) -> None:
+        wanted = set(decision.paused)
+        for name in sorted(wanted - self.paused):
+            if await self._send(name, PauseProduction(reason=decision.reason)):
+                self.paused.add(name)
+                self.commands["pause"] += 1
+        for name in sorted(self.paused - wanted):
+            self.paused.discard(name)
+            if await self._send(name, ResumeProduction(reason=decision.reason)):
+                self.commands["resume"] += 1
+
+    def rates(self) -> tuple[float, float]:
+        """Samples inserted and consumed per second over the last ``window`` seconds."""
+        if len(self._history) < 2:
+            return 0.0, 0.0
+        t0, i0, c0 = self._history[0]
+        t1, i1, c1 = self._history[-1]
+        dt = t1 - t0
+        return ((i1 - i0) / dt, (c1 - c0) / dt) if dt > 0 else (0.0, 0.0)
+
+    def gauges(self) -> dict[str, float]:
+        """The cheap, numeric part of the metrics, kept in the controller's own gauges."""
+        production, consumption = self.rates()
+        return {
+            "balance/production_per_s": production,
+            "balance/consumption_per_s": consumption,
+            "balance/paused_producers": float(len(self.paused)),
+            "balance/decisions": float(self.decisions),
+        }
+
+    def metrics(self, heartbeats: Mapping[str, Heartbeat]) -> dict[str, Any]:
+        """The run's balance metrics (see docs/architecture.md, "The controller")."""
+        obs = self.observe(heartbeats, heartbeats)
+        production, consumption = self.rates()
+        effective = obs.inserted - self.config.min_replay_size
+        pause = {
+            n: round(hb.gauges.get("paused_s", 0.0), 3)
+            for n, hb in sorted(heartbeats.items())
+            if hb.role == "actor"
+        }
+        wait = sum(hb.gauges.get("waiting_s", 0.0) for hb in heartbeats.values())
+        learners = [hb for hb in heartbeats.values() if hb.role == "learner"]
+        idle = sum(hb.gauges.get("idle_s", 0.0) for hb in learners)
+        busy = sum(hb.gauges.get("update_s", 0.0) for hb in learners)
+        return {
+            "mode": self.config.mode,
+            "samples_inserted": obs.inserted,
+            "samples_consumed": obs.consumed,
+            "production_per_s": round(production, 1),
+            "consumption_per_s": round(consumption, 1),
+            "ratio": round(obs.consumed / effective, 3) if effective > 0 else None,
+            "ratio_target": None if self.config.on_policy else self.config.replay_ratio,
+            "ratio_window": round(consumption / production, 3) if production > 0 else None,
+            "paused_now": sorted(self.paused),
+            "pause_s": pause,
+            "pause_s_total": round(sum(pause.values()), 3),
+            "learner_wait_s": round(wait, 3),
+            "learner_idle_s": round(idle, 3),
+            "learner_update_s": round(busy, 3),
+            "dropped": dropped_by_reason(heartbeats),
+            "lag": lag_summary(heartbeats),
+            "decisions": self.decisions,
+            "commands": dict(self.commands),
+            "last_decision": self.last.reason if self.last is not None else None,
+            "production_grants": {
+                n: {"limit": g.limit, "min_version": g.min_version}
+                for n, g in sorted(self.production.items())
+            },
+            "stalled": self.stalled,
+            "stalls": self.stalls,
+        }
+
+
+def _retired_consumed(heartbeats: Mapping[str, Heartbeat], name: str) -> int:
+    """Samples consumed by the earlier incarnations of ``name`` (see Controller.retire)."""
+    prefix = f"{name}#"
+    return sum(
+        hb.counters.get("samples_consumed", 0)
+        for n, hb in heartbeats.items()
+        if n.startswith(prefix)
+    )
+
+
+def _dropped(hb: Heartbeat) -> int:
+    return sum(v for k, v in hb.counters.items() if k.startswith("dropped/"))
+
+
+def dropped_by_reason(heartbeats: Mapping[str, Heartbeat]) -> dict[str, int]:
+    """Samples dropped anywhere in the run, by reason (``dropped/<reason>`` counters)."""
+    out: collections.Counter[str] = collections.Counter()
+    for hb in heartbeats.values():
+        for key, value in hb.counters.items():
+            if key.startswith("dropped/"):
+                out[key.split("/", 1)[1]] += value
+    return dict(sorted(out.items()))
+
+
+def lag_summary(heartbeats: Mapping[str, Heartbeat]) -> dict[str, float] | None:
+    """Policy lag of consumed samples over all learners: mean, p50, p95, max."""
+    counts: collections.Counter[int] = collections.Counter()
+    total = peak = 0
+    for hb in heartbeats.values():
+        if hb.role != "learner":
+            continue
+        for key, value in hb.counters.items():
+            if key.startswith("lag/"):
+                counts[int(key.split("/", 1)[1])] += value
+        total += hb.counters.get("lag_sum", 0)
+        peak = max(peak, hb.counters.get("lag_max", 0))
+    return LagStats.summarize(dict(counts), total, peak)
+
+
+def accounting(heartbeats: Mapping[str, Heartbeat], on_policy: bool) -> dict[str, Any]:
+    """Where every produced sample went, from the counters of actors, buffers and learners.
+
+    On-policy: ``produced = consumed + buffered + dropped + in_flight``; off-policy (replay
+    samples are drawn, not taken): ``produced + restored = buffered + dropped + in_flight``
+    and ``consumed`` counts draws (``restored``: what resumed replay shards started with).
+    ``in_flight`` is measured from both ends of each link
+    (sent by one service, not yet received by the next), never derived from the identity,
+    so ``balanced`` checks the bookkeeping of every service.
+    """
+
+    def total(role: str, key: str, gauge: bool = False) -> int:
+        return int(
+            sum(
+                (hb.gauges if gauge else hb.counters).get(key, 0)
+                for hb in heartbeats.values()
+                if hb.role == role
+            )
+        )
+
+    produced = total("actor", "samples_produced")
+    unsent = total("actor", "dropped/unsent")
+    inserted = total("buffer", "samples_inserted")
+    in_flight = produced - unsent - inserted
+    consumed = total("learner", "samples_consumed")
+    if on_policy:  # sent by the buffer and not received yet, or held by the learner
+        in_flight += total("buffer", "samples_sent") - total("learner", "samples_received")
+        in_flight += total("learner", "held_samples", gauge=True)
+    dropped = dropped_by_reason(
+        {n: hb for n, hb in heartbeats.items() if on_policy or hb.role != "learner"}
+    )
+    buffered = total("buffer", "buffered_samples", gauge=True)
+    restored = total("buffer", "samples_restored")
+    accounted = buffered + sum(dropped.values()) + in_flight + (consumed if on_policy else 0)
+    return {
+        "produced": produced,
+        "restored": restored,
+        "consumed": consumed,
+        "buffered": buffered,
+        "dropped": dropped,
+        "in_flight": in_flight,
+        "balanced": produced + restored == accounted,
+    }
