@@ -29,7 +29,20 @@ ALLOWED: dict[str, frozenset[str]] = {
         {"root", "runtime", "rl", "algorithms", "transports", "services", "launch", "dashboard"}
     ),
     "bench": frozenset({"root", "runtime", "rl", "transports", "services", "launch", "run"}),
-    "cli": frozenset({"root", "runtime", "launch", "run", "bench"}),
+    "cli": frozenset(
+        {
+            "root",
+            "runtime",
+            "rl",
+            "algorithms",
+            "transports",
+            "services",
+            "launch",
+            "dashboard",
+            "run",
+            "bench",
+        }
+    ),
     "testing": frozenset({"root", "runtime"}),
 }
 FORBIDDEN_STDLIB: dict[str, frozenset[str]] = {"rl": frozenset({"asyncio"})}

@@ -62,13 +62,12 @@ def test_weights_before_the_first_subscriber_do_not_stall_the_actor() -> None:
                     await params.publish(
                         ParamsPublished(policy_version=version, weights=weights), LATEST_PARAMS
                     )
-                ticks = 0
-                for _ in range(20):  # the loop keeps turning: timers fire on time
+                late = []  # the loop keeps turning: 10-ms timers fire (nearly) on time
+                for _ in range(20):
                     started = asyncio.get_running_loop().time()
                     await asyncio.sleep(0.01)
-                    assert asyncio.get_running_loop().time() - started < 0.5
-                    ticks += 1
-                assert ticks == 20
+                    late.append(asyncio.get_running_loop().time() - started - 0.01)
+                assert max(late) < 0.25, late  # a blocked loop would hold them for seconds
                 sink = Sink("buffer-0", controller=ctl.address)
                 async with running(sink):
                     await until(lambda: sink.fragments >= 2, timeout=30)

@@ -101,9 +101,22 @@ def train_ppo(
 def test_ppo_learns_cartpole() -> None:
     torch.set_num_threads(1)
     torch.manual_seed(0)
+    # the example's settings (examples/cartpole_ppo.toml): the defaults learn too, slower
+    config = PPO.Config(
+        fragments_per_batch=2,
+        lr=4e-3,
+        lr_anneal_updates=200,
+        lr_floor=0.1,
+        gamma=0.98,
+        gae_lambda=0.8,
+        update_epochs=5,
+        num_minibatches=2,
+        ent_coef=0.0,
+        clip_value_loss=False,
+    )
     col, updates, secs = train_ppo(
         "CartPole-v1",
-        PPO.Config(),
+        config,
         seed=0,
         n_envs=4,
         horizon=128,

@@ -53,7 +53,7 @@ each, most of it torch)."""
 
 @pytest.mark.slow
 def test_a_slow_on_policy_learner_pauses_the_actors_and_loses_nothing(tmp_path: Path) -> None:
-    s, rows = run(tmp_path, "cartpole_ppo", "SlowPPO", seconds=60)
+    s, rows = run(tmp_path, "cartpole_ppo", "SlowPPO", seconds=30)
     peaks = {n: v["max_rss_mb"] for n, v in s["services"].items()}
     assert set(peaks) >= {"params-0", "buffer-0", "learner-0", "actor-0", "actor-1"}, peaks
     assert all(0 < mb < RSS_BOUND_MB for mb in peaks.values()), peaks
@@ -81,7 +81,9 @@ def test_a_slow_on_policy_learner_pauses_the_actors_and_loses_nothing(tmp_path: 
 def test_a_slow_replay_learner_holds_the_ratio_by_pausing_the_actors(tmp_path: Path) -> None:
     # The band is set here, not taken from the example (whose tuning may change): 2 +- 1.
     ratio = ("--set", "controller.replay_ratio=2.0", "--set", "controller.tolerance=1.0")
-    s, rows = run(tmp_path, "cartpole_dqn", "SlowDQN", *ratio, "--set", "algo.batch_size=128")
+    s, rows = run(
+        tmp_path, "cartpole_dqn", "SlowDQN", *ratio, "--set", "algo.batch_size=128", seconds=20
+    )
     ctl, books = s["controller"], s["accounting"]
     assert ctl["pause_s_total"] > 5, ctl
     # replay_ratio 2 +- 1, widened by the error buffer (one step of either side:
@@ -94,7 +96,8 @@ def test_a_slow_replay_learner_holds_the_ratio_by_pausing_the_actors(tmp_path: P
     assert reached is not None and reached < len(ratios) - 2, ratios
     assert all(0.9 <= x <= 3.1 for x in ratios[reached:]), ratios
     assert books["balanced"] and all(r["accounting"]["balanced"] for r in rows)
-    assert books["buffered"] <= 100_000  # the example's replay capacity
+    # the learner was slow, not the buffer small: nothing was pushed out unconsumed
+    assert "evicted" not in books["dropped"], books
 
 
 def train_example(tmp_path: Path, config: str, *args: str, timeout: int = 300) -> dict:
@@ -141,7 +144,7 @@ def test_sync_replay_takes_one_fragment_per_actor_per_round(tmp_path: Path) -> N
         "--mode",
         "sync",
         "--max-seconds",
-        "20",
+        "12",
         "--target-return",
         "100000",
         timeout=180,

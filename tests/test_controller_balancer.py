@@ -9,9 +9,9 @@ import pytest
 from tianji.rl.algorithm import BufferSpec
 from tianji.rl.balance import BalanceConfig, balance_config
 from tianji.rl.events import (
-    ConsumptionGranted,
+    GrantConsumption,
+    GrantProduction,
     PauseProduction,
-    ProductionGranted,
     ResumeProduction,
 )
 from tianji.run.config import load_config
@@ -89,16 +89,14 @@ def test_on_policy_producers_get_production_grants_only_on_changes() -> None:
         await balancer.update(start, start)
         await balancer.update(start, start)  # unchanged: nothing sent again
         grants = [
-            (n, ev.limit, ev.min_version)
-            for n, ev in send.sent
-            if isinstance(ev, ProductionGranted)
+            (n, ev.limit, ev.min_version) for n, ev in send.sent if isinstance(ev, GrantProduction)
         ]
         assert grants == [("actor-0", 2, 0), ("actor-1", 2, 0)]  # 4 = 2 batches outstanding
         assert not send.of(PauseProduction) and balancer.paused == set()
         # each sent both: 4 fragments buffered, the learner at version 0: nothing more
         full = {**on_policy_run(4096, 0, 0, 0), **on_policy_actors(1024, 2, 0)}
         await balancer.update(full, full)
-        assert len(send.of(ProductionGranted)) == 2 and balancer.paused == {"actor-0", "actor-1"}
+        assert len(send.of(GrantProduction)) == 2 and balancer.paused == {"actor-0", "actor-1"}
         # one batch consumed: two more, collected with weights 1 (consumed at version 2)
         later = {**on_policy_run(4096, 1024, 1, 1), **on_policy_actors(1024, 2, 1)}
         await balancer.update(later, later)
@@ -183,7 +181,7 @@ def test_an_off_policy_learner_gets_a_consumption_grant_that_follows_inserts() -
                 "actor-0": hb("actor-0", "actor", policy_version=0),
             }
             await balancer.update(run, run)
-        grants = [ev.limit for _, ev in send.sent if isinstance(ev, ConsumptionGranted)]
+        grants = [ev.limit for _, ev in send.sent if isinstance(ev, GrantConsumption)]
         assert grants[0] == 0  # filling: the learner waits
         assert grants[1] < grants[2]  # more inserted, more may be consumed
         # the band's upper edge: ratio x inserted + tolerance x one round of inserts
@@ -204,7 +202,7 @@ def test_sync_and_unbalanced_modes_send_no_pauses(mode: str) -> None:
         return send
 
     send = asyncio.run(scenario())
-    assert not send.of(PauseProduction) and not send.of(ConsumptionGranted)
+    assert not send.of(PauseProduction) and not send.of(GrantConsumption)
 
 
 def test_metrics_report_rates_ratio_pauses_drops_and_lag() -> None:
@@ -354,7 +352,7 @@ def test_data_parallel_learners_are_each_granted_their_share_of_the_limit() -> N
             "actor-0": hb("actor-0", "actor", policy_version=0),
         }
         await balancer.update(run, run)
-        return [(n, ev.limit) for n, ev in send.sent if isinstance(ev, ConsumptionGranted)]
+        return [(n, ev.limit) for n, ev in send.sent if isinstance(ev, GrantConsumption)]
 
     limit = int(1000 * 1.0 + 0.5 * 16 + 1.0 * 16 + 64)  # the band's upper edge for both
     assert asyncio.run(scenario()) == [("learner-0", limit // 2), ("learner-1", limit // 2)]

@@ -20,11 +20,12 @@ ROOT = Path(__file__).resolve().parents[1]
 SPREAD = EnvConfig(id="mpe2.simple_spread_v3", api="pettingzoo", kwargs={"N": 3, "max_cycles": 25})
 
 MARGIN = 8.0
-"""Mean team return (last 100 episodes) above the random policy's mean after the 100-s runs
-below. The random policy scores -79.6 (std 23.4 per episode, s.e. 0.74 over 1,000
-episodes); in `python benchmarks/multiagent.py`'s runs the examples stood at -58.0 (MAPPO,
-128,000 env steps) and -58.3 (QMIX, 40,800 env steps) 100 s after launch: margins of about
-21, more than twice this one (docs/benchmarks.md, "Multi-agent")."""
+"""Mean team return (last 100 episodes) above the random policy's mean after the 45-s runs
+below (the rollout path over TCP, the replay path over shared memory). The random policy
+scores -79.6 (std 23.4 per episode, s.e. 0.74 over 1,000 episodes); in `python
+benchmarks/multiagent.py`'s runs the examples stood ~16 above random at 52,000 (MAPPO) and
+18,600 (QMIX) env steps, which they pass within ~40 s of launch: about twice this margin
+(docs/benchmarks.md, "Multi-agent")."""
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +54,8 @@ def train(tmp_path: Path, example: str, *args: str) -> tuple[dict, list[dict]]:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("example", "transport", "seconds"),
-    [("spread_mappo", "shm", 100), ("spread_qmix", "tcp", 100)],
-    ids=["mappo-shm", "qmix-tcp"],
+    [("spread_mappo", "tcp", 45), ("spread_qmix", "shm", 45)],
+    ids=["mappo-tcp", "qmix-shm"],
 )
 def test_a_multi_agent_example_ends_clearly_above_the_random_policy(
     tmp_path: Path, random_return: float, example: str, transport: str, seconds: int
@@ -66,12 +67,3 @@ def test_a_multi_agent_example_ends_clearly_above_the_random_policy(
     assert s["learner_updates"] > 10 and s["episodes"] >= 100
     assert s["accounting"]["balanced"], s["accounting"]
     assert all(r["accounting"]["balanced"] for r in rows)
-
-
-@pytest.mark.slow
-def test_qmix_transitions_travel_over_shared_memory_too(tmp_path: Path) -> None:
-    """The replay path (flat multi-agent transitions) over the other transport, briefly
-    (the rollout path over TCP is the single-agent one, tested with PPO)."""
-    s, _ = train(tmp_path, "spread_qmix", "--transport", "shm", "--max-seconds", "20")
-    assert s["transport"] == "shm" and s["learner_updates"] > 0
-    assert s["accounting"]["balanced"] and s["samples_consumed"] > 0, s["accounting"]

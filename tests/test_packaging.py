@@ -34,6 +34,7 @@ def test_a_regular_install_puts_transports_and_algorithms_under_tianji(tmp_path:
             "install",
             "-q",
             "--no-deps",
+            "--no-build-isolation",  # setuptools from this environment: no index needed
             "--target",
             str(site),
             str(ROOT),

@@ -18,7 +18,8 @@ from tianji.launch.spec import ServiceSpec
 from tianji.rl.config import RayConfig
 from tianji.run.config import load_config
 from tianji.run.demo import demo_specs
-from tianji.run.plan import build_specs, train
+from tianji.run.plan import build_specs
+from tianji.run.train import train
 from tianji.runtime.controller import Controller
 from tianji.runtime.errors import ConfigError, ServiceFailed
 

@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
+from tianji.launch.spec import ServiceSpec
 from tianji.rl.balance import BalanceConfig
 from tianji.rl.config import RecoveryConfig, RunConfig
 from tianji.run.config import load_config
-from tianji.run.recovery import role_of
 from tianji.runtime.controller import Controller
 from tianji.runtime.errors import ConfigError
 from tianji.runtime.events import Heartbeat
@@ -57,7 +57,9 @@ def test_recovery_settings_are_checked_naming_the_key() -> None:
         load_config(PPO, ['recovery.learner="resume"', "checkpoint.every_seconds=0"])
     assert RecoveryConfig(restarts={"actor": 5}).budget("actor") == 5
     assert RecoveryConfig().budget("buffer") == 3 and RecoveryConfig().budget("params") == 0
-    assert role_of("actor-12") == "actor" and role_of("learner-0") == "learner"
+    assert ServiceSpec(name="actor-12", factory="m:f").role == "actor"
+    assert ServiceSpec(name="learner-0", factory="m:f", role="learner").role == "learner"
+    assert ServiceSpec(name="my-probe-0", factory="m:f", role="producer").role == "producer"
     assert RunConfig().recovery.learner == "stop"
 
 
@@ -136,6 +138,11 @@ class Run:
             timeout,
         )
         return pid, time.monotonic() - sent
+
+    def stop(self, timeout: float = 120) -> tuple[int, str, dict[str, Any]]:
+        """SIGTERM (a clean stop: summary written, exit code 0), then :meth:`finish`."""
+        self.proc.terminate()
+        return self.finish(timeout)
 
     def finish(self, timeout: float = 240) -> tuple[int, str, dict[str, Any]]:
         """Wait for the end: (exit code, output, summary or {})."""
@@ -233,7 +240,7 @@ def test_a_killed_replay_buffer_restarts_from_its_snapshot(tmp_path: Path) -> No
         run.kill_and_await_restart(status, "buffer-0", timeout=60)
         updates = run.status()["counters"]["learner_updates"]
         run.wait_for(lambda s: s["counters"]["learner_updates"] > updates + 20, timeout=90)
-        code, out, summary = run.finish(timeout=120)
+        code, out, summary = run.stop()
     assert code == 0, out[-3000:]
     assert summary["restarts"] == {"buffer-0": 1}
     restored = summary["services"]["buffer-0"]["counters"]["samples_restored"]

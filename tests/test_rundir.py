@@ -18,11 +18,12 @@ from rich.console import Console
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tianji.cli import build_parser
+from tianji.cli.train import config_from_args
 from tianji.rl.config import RunConfig, StopConfig
 from tianji.run import progress
 from tianji.run.config import load_config
 from tianji.run.deploy import config_digest
-from tianji.run.plan import RunPlan, TrainMonitor, config_from_args
+from tianji.run.plan import RunPlan, TrainMonitor
 from tianji.run.progress import RunFacts, Snapshot, take_snapshot
 from tianji.run.rundir import RunDirectory, RunRecorder, TensorBoard, run_name, write_json_atomic
 from tianji.runtime.controller import Controller, ServiceRecord

@@ -12,7 +12,7 @@ from tianji.transports import tcp
 from tianji.transports._auth import NONCE_BYTES, load_token
 from tianji.transports._framing import PREAMBLE, encode_prefix
 
-from tianji.run.plan import run_token
+from tianji.run.train import run_token
 from tianji.runtime.core import Limits
 from tianji.runtime.errors import BrokenByPeer, ConfigError
 

@@ -200,7 +200,7 @@ def _worker() -> int:
     import io
 
     from tianji.rl.config import RunConfig, build_dataclass
-    from tianji.run.plan import train
+    from tianji.run.train import train
 
     config: RunConfig = build_dataclass(RunConfig, json.loads(sys.stdin.read()), "")
     config = dataclasses.replace(config, run_dir="")  # the report keeps what a bench needs

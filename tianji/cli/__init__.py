@@ -73,9 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    from tianji.run.deploy import add_deploy_parsers
-    from tianji.run.evaluate import add_eval_parser
-    from tianji.run.plan import add_train_parser
+    from tianji.cli.deploy import add_deploy_parsers
+    from tianji.cli.evaluate import add_eval_parser
+    from tianji.cli.train import add_train_parser
 
     add_train_parser(sub)
     add_eval_parser(sub)

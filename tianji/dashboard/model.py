@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from tianji.rl.stats import LearnerStat
 from tianji.runtime.controller import Controller
 from tianji.runtime.events import Heartbeat
 from tianji.services.balancer import (
@@ -179,7 +180,7 @@ def lag_histogram(heartbeats: Mapping[str, Heartbeat]) -> dict[str, int]:
     for hb in heartbeats.values():
         if hb.role == "learner":
             for key, value in hb.counters.items():
-                if key.startswith("lag/"):
+                if key.startswith(LearnerStat.LAG_PREFIX):
                     counts[int(key.split("/", 1)[1])] += value
     return {str(k): counts[k] for k in sorted(counts)}
 

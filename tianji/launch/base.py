@@ -48,7 +48,7 @@ class RestartPolicy:
     """Which dead services the launcher starts again, and when.
 
     Attributes:
-        budget: restarts a service (by name) may have; 0: its death ends the run.
+        budget: restarts a service (by its spec) may have; 0: its death ends the run.
         backoff: seconds before a service's first restart, doubled for each further one.
         backoff_max: the longest wait before a restart.
         heartbeat_timeout: a registered service silent this long is declared dead and
@@ -57,7 +57,7 @@ class RestartPolicy:
             ``None`` from it ends the run instead (with the reason it logged).
     """
 
-    budget: Callable[[str], int]
+    budget: Callable[[ServiceSpec], int]
     backoff: float = 1.0
     backoff_max: float = 30.0
     heartbeat_timeout: float | None = None
@@ -347,9 +347,9 @@ class Launcher:
         """Schedule the next incarnation of ``name``, or ``None`` when it may not have one."""
         policy = self.restarts
         done = self.controller.restarts[name]
-        if policy is None or done >= policy.budget(name):
-            return None
         spec = self.children[name].spec
+        if policy is None or done >= policy.budget(spec):
+            return None
         if policy.prepare is not None:
             prepared = policy.prepare(spec, done + 1)
             if prepared is None:
@@ -358,7 +358,7 @@ class Launcher:
         self.controller.retire(name)
         delay = min(policy.backoff * 2**done, policy.backoff_max)
         log.warning(
-            "%s %s: restart %d of %d in %.1f s", name, why, done + 1, policy.budget(name), delay
+            "%s %s: restart %d of %d in %.1f s", name, why, done + 1, policy.budget(spec), delay
         )
 
         async def again() -> Handle:

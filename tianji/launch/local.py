@@ -35,6 +35,7 @@ from tianji.launch.base import (
 )
 from tianji.launch.spec import ServiceSpec, build_service
 from tianji.runtime.controller import Controller
+from tianji.runtime.service import ServiceStat
 
 __all__ = ["LaunchResult", "LocalLauncher", "print_progress", "run_local"]
 
@@ -113,7 +114,9 @@ def print_progress(stream: TextIO = sys.stdout) -> Progress:
             if hb is None:
                 parts.append(f"{name}: starting")
                 continue
-            count = hb.counters.get("published", 0) or hb.counters.get("received", 0)
+            count = hb.counters.get(ServiceStat.PUBLISHED, 0) or hb.counters.get(
+                ServiceStat.RECEIVED, 0
+            )
             then, before = last.get(name, (hb.sent_at, count))
             rate = (count - before) / (hb.sent_at - then) if hb.sent_at > then else 0.0
             last[name] = (hb.sent_at, count)

@@ -71,8 +71,8 @@ def import_ray() -> ModuleType:
 
 
 def role_of(spec: ServiceSpec) -> str:
-    """The role a service's resources are looked up by: its name without ``-<index>``."""
-    return spec.name.rsplit("-", 1)[0]
+    """The role a service's resources are looked up by (:attr:`ServiceSpec.role`)."""
+    return spec.role
 
 
 def _with_host(address: str, host: str) -> str:

@@ -26,6 +26,9 @@ class ServiceSpec:
         controller: the controller address (the launcher fills it in).
         advertise: the host registered in place of the bind host (``""``: the bind host).
         local_bind: a second listener for services on the same host (``""``: none).
+        role: what the service is (``actor``, ``learner``, ...): the one place a service's
+            role is known before it registers. Unset, the name's part before its last
+            ``-`` (``actor-3`` -> ``actor``).
     """
 
     name: str
@@ -35,8 +38,11 @@ class ServiceSpec:
     controller: str = ""
     advertise: str = ""
     local_bind: str = ""
+    role: str = ""
 
     def __post_init__(self) -> None:
+        if not self.role:
+            object.__setattr__(self, "role", self.name.rsplit("-", 1)[0])
         if not self.name or "/" in self.name:
             raise ConfigError("service.name", self.name, "a non-empty name without '/'")
         if ":" not in self.factory:

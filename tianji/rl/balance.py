@@ -36,9 +36,9 @@ learner publishes a newer version, and an off-policy learner consumes exactly
 
 The service shell is :class:`tianji.runtime.controller.Balancer`: it builds an
 :class:`Observation` from heartbeats, calls :meth:`BalancePolicy.decide` and sends the
-differences as command events (``ProductionGranted`` to on-policy producers,
+differences as command events (``GrantProduction`` to on-policy producers,
 ``PauseProduction`` / ``ResumeProduction`` to off-policy producers,
-``ConsumptionGranted`` to learners).
+``GrantConsumption`` to learners).
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ import numpy as np
 
 from tianji.rl.algorithm import BufferSpec
 from tianji.rl.config import RunConfig
+from tianji.rl.stats import LearnerStat
 from tianji.runtime.errors import ConfigError
 
 __all__ = [
@@ -498,9 +499,9 @@ class LagStats:
 
     def as_counters(self) -> dict[str, int]:
         """Histogram as heartbeat counters ``lag/<bucket>``, plus ``lag_sum`` and ``lag_max``."""
-        out = {f"lag/{k}": n for k, n in self.counts.items()}
-        out["lag_sum"] = self.total_lag
-        out["lag_max"] = self.max_lag
+        out = {f"{LearnerStat.LAG_PREFIX}{k}": n for k, n in self.counts.items()}
+        out[LearnerStat.LAG_SUM] = self.total_lag
+        out[LearnerStat.LAG_MAX] = self.max_lag
         return out
 
     @staticmethod

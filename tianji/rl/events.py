@@ -14,17 +14,17 @@ from tianji.runtime.events import Event, event
 __all__ = [
     "ActionsComputed",
     "BatchRequested",
-    "CheckpointRequested",
-    "CheckpointRestored",
+    "TakeCheckpoint",
+    "RestoreCheckpoint",
     "CheckpointTaken",
-    "ConsumptionGranted",
+    "GrantConsumption",
     "EpisodesFinished",
     "GradientsShared",
-    "ObservationsReady",
+    "ComputeActions",
     "ParamsPublished",
     "PauseProduction",
     "PrioritiesUpdated",
-    "ProductionGranted",
+    "GrantProduction",
     "ResumeProduction",
     "SampleBatch",
     "TrajectoryCollected",
@@ -46,7 +46,7 @@ class ResumeProduction(Event):
 
 
 @event
-class ProductionGranted(Event):
+class GrantProduction(Event):
     """Command an on-policy producer: it may have sent ``limit`` fragments in all (counted
     from its start) and starts each one only once it holds weights of ``min_version`` or
     newer. A grant replaces the previous one; ``limit`` never decreases."""
@@ -57,7 +57,7 @@ class ProductionGranted(Event):
 
 
 @event
-class ConsumptionGranted(Event):
+class GrantConsumption(Event):
     """Command a learner: it may consume until its ``samples_consumed`` reaches ``limit``
     (``-1``: no limit). A grant replaces the previous one."""
 
@@ -92,14 +92,14 @@ class CheckpointTaken(Event):
 
 
 @event
-class CheckpointRequested(Event):
+class TakeCheckpoint(Event):
     """Command learner-0 to take a checkpoint now (the run is about to stop cleanly)."""
 
     reason: str
 
 
 @event
-class CheckpointRestored(Event):
+class RestoreCheckpoint(Event):
     """Command a (resumed) learner to continue from this packed state at ``policy_version``
     (sent by the run's monitor to every learner that subscribes)."""
 
@@ -119,7 +119,7 @@ class EpisodesFinished(Event):
 
 
 @event
-class ObservationsReady(Event):
+class ComputeActions(Event):
     """Command the inference service to compute actions for an actor's observations."""
 
     actor: str
@@ -139,9 +139,9 @@ class ActionsComputed(Event):
 
 @event
 class BatchRequested(Event):
-    """Credit for a buffer: ``count`` is the total number of sample batches ``learner`` has
-    asked for since it started (cumulative, so repeating a request is harmless and a lost
-    one is made good by the next).
+    """Fact: ``learner`` requested batches, a credit for a buffer: ``count`` is the total
+    number of sample batches it has asked for since it started (cumulative, so repeating a
+    request is harmless and a lost one is made good by the next).
 
     ``learner_version`` lets the buffer drop samples older than ``max_policy_lag``.
     ``buffer`` names the shard the credit is for (``""``: any buffer that serves

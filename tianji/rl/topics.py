@@ -9,13 +9,13 @@ from __future__ import annotations
 from tianji.rl.events import (
     ActionsComputed,
     BatchRequested,
-    CheckpointRestored,
     CheckpointTaken,
+    ComputeActions,
     EpisodesFinished,
     GradientsShared,
-    ObservationsReady,
     ParamsPublished,
     PrioritiesUpdated,
+    RestoreCheckpoint,
     SampleBatch,
     TrajectoryCollected,
 )
@@ -58,9 +58,9 @@ PRIORITIES = topic(PrioritiesUpdated)
 """Learner -> buffer: new priorities for prioritized replay."""
 CHECKPOINTS = topic(CheckpointTaken)
 """Learner-0 -> monitor: packed learner state to write as a checkpoint."""
-RESTORE = topic(CheckpointRestored)
+RESTORE = topic(RestoreCheckpoint)
 """Monitor -> learners (resumed run): the state to continue from, sent on subscription."""
-OBSERVATIONS = topic(ObservationsReady)
+OBSERVATIONS = topic(ComputeActions)
 """Actors -> inference service: observations that need actions."""
 
 
@@ -71,7 +71,7 @@ def replay_snapshots_topic(buffer: str) -> str:
 
 def replay_restore_topic(buffer: str) -> str:
     """Monitor -> buffer shard (resumed run): the replay contents to start from."""
-    return topic(CheckpointRestored, "replay", buffer)
+    return topic(RestoreCheckpoint, "replay", buffer)
 
 
 def actions_topic(actor: str) -> str:

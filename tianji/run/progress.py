@@ -22,6 +22,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from tianji.rl.balance import LagStats
+from tianji.rl.stats import BufferStat, LearnerStat
 from tianji.runtime.controller import Controller
 from tianji.runtime.events import Heartbeat
 from tianji.services.balancer import accounting, balancer_of
@@ -115,10 +116,12 @@ def learner_totals(controller: Controller) -> dict[str, Any]:
     consumed (the sum), mean policy lag of the last batches and the first learner's gauges."""
     beats = _role(controller, "learner")  # with earlier incarnations (name#k): totals
     live = [hb for hb in beats if "#" not in hb.name] or beats
-    lags = [hb.gauges.get("policy_lag_mean", 0.0) for hb in live]
+    lags = [hb.gauges.get(LearnerStat.POLICY_LAG_MEAN, 0.0) for hb in live]
     return {
-        "updates": max((hb.counters.get("learner_updates", 0) for hb in beats), default=0),
-        "consumed": sum(hb.counters.get("samples_consumed", 0) for hb in beats),
+        "updates": max(
+            (hb.counters.get(LearnerStat.LEARNER_UPDATES, 0) for hb in beats), default=0
+        ),
+        "consumed": sum(hb.counters.get(LearnerStat.SAMPLES_CONSUMED, 0) for hb in beats),
         "lag": sum(lags) / len(lags) if lags else 0.0,
         "gauges": dict(live[0].gauges) if live else {},
     }
@@ -129,9 +132,9 @@ def _lag_histogram(controller: Controller) -> tuple[dict[int, int], int]:
     total = 0
     for hb in _role(controller, "learner"):
         for key, value in hb.counters.items():
-            if key.startswith("lag/"):
+            if key.startswith(LearnerStat.LAG_PREFIX):
                 counts[int(key.split("/", 1)[1])] += value
-        total += hb.counters.get("lag_sum", 0)
+        total += hb.counters.get(LearnerStat.LAG_SUM, 0)
     return dict(counts), total
 
 
@@ -206,7 +209,7 @@ def take_snapshot(
         lag_sum=lag_sum,
         lag=_interval_lag(counts, lag_sum, previous),
         learner=totals["gauges"],
-        buffer_size=sum(hb.gauges.get("size", 0.0) for hb in _role(controller, "buffer")),
+        buffer_size=sum(hb.gauges.get(BufferStat.SIZE, 0.0) for hb in _role(controller, "buffer")),
         buffer_capacity=facts.buffer_capacity,
         buffer_unit="fragments" if facts.on_policy else "transitions",
         controller=balancer.metrics(controller.heartbeats) if balancer is not None else None,

@@ -27,11 +27,12 @@ from tianji.launch.base import RestartPolicy
 from tianji.launch.spec import ServiceSpec
 from tianji.rl.checkpoint import CheckpointError, latest_checkpoint, read_checkpoint, replay_file
 from tianji.rl.config import RunConfig
+from tianji.rl.stats import LearnerStat
 from tianji.runtime.controller import Controller
 from tianji.runtime.service import ServiceOptions
 from tianji.services.monitor import TrainMonitor
 
-__all__ = ["restart_policy", "role_of"]
+__all__ = ["restart_policy"]
 
 log = logging.getLogger(__name__)
 
@@ -47,23 +48,18 @@ class RunPlan(Protocol):
     def monitor(self) -> TrainMonitor | None: ...
 
 
-def role_of(name: str) -> str:
-    """A run's service role from its name (``actor-3`` -> ``actor``)."""
-    return name.rsplit("-", 1)[0]
-
-
 def restart_policy(plan: RunPlan, controller: Controller, out: TextIO) -> RestartPolicy:
     """The restart policy of a planned run (see the module docstring)."""
     recovery = plan.config.recovery
 
-    def budget(name: str) -> int:
-        role = role_of(name)
+    def budget(spec: ServiceSpec) -> int:
+        role = spec.role
         if role == "learner":
             return 3 if recovery.learner == "resume" else 0
         return recovery.budget(role)
 
     def prepare(spec: ServiceSpec, k: int) -> ServiceSpec | None:
-        role = role_of(spec.name)
+        role = spec.role
         if role == "learner":
             return _resume_learner(plan, controller, spec, out)
         if role == "buffer":
@@ -92,7 +88,7 @@ def _resume_learner(
         return None
     reached = max(
         (
-            hb.counters.get("learner_updates", 0)
+            hb.counters.get(LearnerStat.LEARNER_UPDATES, 0)
             for hb in controller.heartbeats.values()
             if hb.role == "learner"
         ),

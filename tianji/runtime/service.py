@@ -40,7 +40,7 @@ import resource
 import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Final, TypeVar
 
 from tianji.runtime import plugins
 from tianji.runtime.codec import Codec
@@ -62,6 +62,21 @@ from tianji.runtime.events import (
 __all__ = ["Handler", "Service", "ServiceOptions"]
 
 log = logging.getLogger("tianji.service")
+
+
+class ServiceStat:
+    """The counters and gauges every service reports, read by others (the launcher's
+    progress line, the run summary): declared here once (``tests/test_stats_contract.py``);
+    the RL roles' own are in :mod:`tianji.rl.stats`."""
+
+    RECEIVED: Final = "received"
+    """Events received from publishers and on links."""
+    PUBLISHED: Final = "published"
+    """Events sent to subscribers."""
+    RSS_MB: Final = "rss_mb"
+    MAX_RSS_MB: Final = "max_rss_mb"
+
+
 E = TypeVar("E", bound=Event)
 Handler = Callable[[E], Awaitable[None]]
 CONTROL = ""  # topic of requests/replies on a link (not pub/sub)
@@ -79,7 +94,7 @@ def _memory_gauges() -> dict[str, float]:
         peak = int(fields[b"VmHWM"].split()[0]) / 1024
     except (OSError, KeyError, ValueError):
         peak = now = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"rss_mb": round(now, 1), "max_rss_mb": round(peak, 1)}
+    return {ServiceStat.RSS_MB: round(now, 1), ServiceStat.MAX_RSS_MB: round(peak, 1)}
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -500,7 +515,7 @@ class Service:
         if event_type_of_topic(name) != ev.TYPE:
             raise ValueError(f"topic {name!r} does not carry {ev.TYPE} events")
         self._declare(name)
-        self.counters["published"] += 1
+        self.counters[ServiceStat.PUBLISHED] += 1
         conns = list(self._subscribers.get(name, ()))
         if not conns:
             self.counters["published_unsubscribed"] += 1
@@ -624,7 +639,7 @@ class Service:
                 while True:
                     frames = await conn.recv()
                     name, ev = self._decode(frames, conn.peer)
-                    self.counters["received"] += 1
+                    self.counters[ServiceStat.RECEIVED] += 1
                     for handler in self._handlers.get(name, ()):
                         await handler(ev)
             except BadFrame as exc:

@@ -14,15 +14,16 @@ from tianji.rl.balance import min_replay_total
 from tianji.rl.envs import make_vector_env
 from tianji.rl.events import (
     ActionsComputed,
+    ComputeActions,
     EpisodesFinished,
-    ObservationsReady,
+    GrantProduction,
     ParamsPublished,
     PauseProduction,
-    ProductionGranted,
     ResumeProduction,
     TrajectoryCollected,
 )
 from tianji.rl.multiagent import is_multi_agent
+from tianji.rl.stats import ActorStat, Dropped
 from tianji.rl.topics import (
     EPISODES,
     LATEST_PARAMS,
@@ -151,9 +152,9 @@ class ActorService(Service):
         self.sent_at_version = 0
         self.on_policy = self.algo.buffer_spec().kind == "rollout"
         mode = self.config.controller.mode
-        # On-policy relaxed: the controller grants every fragment (ProductionGranted).
+        # On-policy relaxed: the controller grants every fragment (GrantProduction).
         self.granted = self.on_policy and mode == "relaxed"
-        self.grant = ProductionGranted(limit=0, min_version=0, reason="no grant yet")
+        self.grant = GrantProduction(limit=0, min_version=0, reason="no grant yet")
         self.fragments_per_version = {"sync": 1, "unbalanced": 0}.get(
             mode, 0 if self.granted else self.config.actors.max_fragments_per_version
         )
@@ -170,7 +171,7 @@ class ActorService(Service):
         self._pending: ParamsPublished | None = None
         self._have_params = asyncio.Event()
         self._wake = asyncio.Event()  # new params or a resume: re-check _pace
-        self.gauges["paused_s"] = 0.0
+        self.gauges[ActorStat.PAUSED_S] = 0.0
         self.subscribe(LATEST_PARAMS, self.on_params)
 
     async def on_params(self, ev: ParamsPublished) -> None:
@@ -184,15 +185,15 @@ class ActorService(Service):
     async def on_control(self, ev: Event) -> None:
         if isinstance(ev, PauseProduction):
             self.paused_by = ev.reason
-            self.counters["pauses"] += 1
+            self.counters[ActorStat.PAUSES] += 1
         elif isinstance(ev, ResumeProduction):
             self.paused_by = None
             self._wake.set()
-        elif isinstance(ev, ProductionGranted):
+        elif isinstance(ev, GrantProduction):
             if ev.limit >= self.grant.limit:  # a late, older grant changes nothing
                 self.grant = ev
-                self.gauges["grant_limit"] = ev.limit
-                self.gauges["grant_min_version"] = ev.min_version
+                self.gauges[ActorStat.GRANT_LIMIT] = ev.limit
+                self.gauges[ActorStat.GRANT_MIN_VERSION] = ev.min_version
                 self._wake.set()
         else:
             await super().on_control(ev)
@@ -212,7 +213,7 @@ class ActorService(Service):
         future: asyncio.Future[ActionsComputed] = asyncio.get_running_loop().create_future()
         self._answers[request_id] = future
         await self.publish(
-            ObservationsReady(actor=self.name, request_id=request_id, obs=obs), OBSERVATIONS
+            ComputeActions(actor=self.name, request_id=request_id, obs=obs), OBSERVATIONS
         )
         answer = await future
         if self.fragment_version < 0 or answer.policy_version < self.fragment_version:
@@ -227,9 +228,9 @@ class ActorService(Service):
             if not self.remote:  # with an inference service the weights live there
                 self.algo.set_weights(self._pending.weights, self._pending.policy_version)
             self.policy_version = self._pending.policy_version
-            self.gauges["policy_version"] = self.policy_version
+            self.gauges[ActorStat.POLICY_VERSION] = self.policy_version
             self.sent_at_version = 0
-            self.gauges["fragments_at_version"] = 0
+            self.gauges[ActorStat.FRAGMENTS_AT_VERSION] = 0
             self._pending = None
             self._have_params.clear()
             self.report_soon()
@@ -246,7 +247,7 @@ class ActorService(Service):
         if self.paused_by is not None:
             return True
         if self.granted and (
-            self.counters["fragments_sent"] >= self.grant.limit
+            self.counters[ActorStat.FRAGMENTS_SENT] >= self.grant.limit
             or self.policy_version < self.grant.min_version
         ):
             return True
@@ -269,7 +270,7 @@ class ActorService(Service):
             self._wake.clear()
             await self._wake.wait()
             self._apply_params()
-        self.gauges["paused_s"] += loop.time() - started
+        self.gauges[ActorStat.PAUSED_S] += loop.time() - started
 
     async def main(self) -> None:
         import torch
@@ -292,18 +293,18 @@ class ActorService(Service):
                 steps = actors.fragment_length * actors.envs_per_actor
                 samples = self.algo.postprocess(fragment)
                 produced = transitions(samples)
-                self.counters["env_steps"] += steps
-                self.counters["samples_produced"] += produced
-                self.counters["fragments_sent"] += 1  # in the same heartbeat as the samples
-                self.counters["episodes"] += len(returns)
+                self.counters[ActorStat.ENV_STEPS] += steps
+                self.counters[ActorStat.SAMPLES_PRODUCED] += produced
+                self.counters[ActorStat.FRAGMENTS_SENT] += 1  # in the same heartbeat as the samples
+                self.counters[ActorStat.EPISODES] += len(returns)
                 delivered = await self.publish(
                     TrajectoryCollected(actor=self.name, policy_version=version, arrays=samples),
                     self.trajectories,
                 )
                 if not delivered:  # no buffer connected right now: lost, and counted
-                    self.counters["dropped/unsent"] += produced
+                    self.counters[Dropped.UNSENT] += produced
                 self.sent_at_version += 1
-                self.gauges["fragments_at_version"] = self.sent_at_version
+                self.gauges[ActorStat.FRAGMENTS_AT_VERSION] = self.sent_at_version
                 self.report_soon()
                 # Local acting never suspends: yield once per fragment so new weights and
                 # the controller's commands are handled before the next fragment starts.
@@ -314,7 +315,7 @@ class ActorService(Service):
                         policy_version=self.policy_version,
                         returns=np.asarray(returns, np.float64),
                         lengths=np.asarray(lengths, np.int64),
-                        env_steps=self.counters["env_steps"],
+                        env_steps=self.counters[ActorStat.ENV_STEPS],
                     ),
                     EPISODES,
                 )

@@ -3,9 +3,9 @@
 It turns the heartbeats of actors, buffers and learners into
 :class:`~tianji.rl.balance.Observation` values, asks the pure
 :class:`~tianji.rl.balance.BalancePolicy`, and sends what changed as commands
-(:class:`~tianji.rl.events.ProductionGranted`, :class:`~tianji.rl.events.PauseProduction` /
+(:class:`~tianji.rl.events.GrantProduction`, :class:`~tianji.rl.events.PauseProduction` /
 :class:`~tianji.rl.events.ResumeProduction` to actors,
-:class:`~tianji.rl.events.ConsumptionGranted` to learners). It never touches data. It also
+:class:`~tianji.rl.events.GrantConsumption` to learners). It never touches data. It also
 keeps the run's balance metrics (:meth:`Balancer.metrics`), its watchdog, and the sample
 accounting (:func:`accounting`), and settles the counts of services that die.
 
@@ -25,11 +25,12 @@ from typing import Any
 
 from tianji.rl.balance import BalanceConfig, BalancePolicy, Decision, Grant, LagStats, Observation
 from tianji.rl.events import (
-    ConsumptionGranted,
+    GrantConsumption,
+    GrantProduction,
     PauseProduction,
-    ProductionGranted,
     ResumeProduction,
 )
+from tianji.rl.stats import ActorStat, BufferStat, Dropped, LearnerStat
 from tianji.runtime.controller import Controller, Send
 from tianji.runtime.events import Event, Heartbeat
 
@@ -57,7 +58,7 @@ class Balancer:
     ``paused`` set is reported, not sent; the learner's grant is sent in every mode but
     ``unbalanced``. With K data-parallel learners the policy's limit is for all of them
     and each learner is granted ``limit // K`` (they consume equal batches in lockstep).
-    On-policy ``relaxed`` producers are paced by production grants (``ProductionGranted``);
+    On-policy ``relaxed`` producers are paced by production grants (``GrantProduction``);
     off-policy ones by ``PauseProduction`` / ``ResumeProduction``.
 
     It is also the run's watchdog: when no sample is produced and none consumed for
@@ -103,9 +104,11 @@ class Balancer:
         ``held_samples``) is counted as ``dropped/lost_in_restart``."""
         counters = dict(hb.counters)
         gauges = dict(hb.gauges)
-        lost = int(gauges.pop("buffered_samples", 0) + gauges.pop("held_samples", 0))
+        lost = int(
+            gauges.pop(BufferStat.BUFFERED_SAMPLES, 0) + gauges.pop(LearnerStat.HELD_SAMPLES, 0)
+        )
         if lost:
-            counters["dropped/lost_in_restart"] = counters.get("dropped/lost_in_restart", 0) + lost
+            counters[Dropped.LOST_IN_RESTART] = counters.get(Dropped.LOST_IN_RESTART, 0) + lost
         return dataclasses.replace(hb, counters=counters, gauges=gauges)
 
     def rejoined(self, retired: str, heartbeats: dict[str, Heartbeat]) -> None:
@@ -118,14 +121,18 @@ class Balancer:
         if hb is None or hb.role != "learner":
             return
         beats = heartbeats.values()
-        sent = sum(b.counters.get("samples_sent", 0) for b in beats if b.role == "buffer")
-        received = sum(b.counters.get("samples_received", 0) for b in beats if b.role == "learner")
+        sent = sum(b.counters.get(BufferStat.SAMPLES_SENT, 0) for b in beats if b.role == "buffer")
+        received = sum(
+            b.counters.get(LearnerStat.SAMPLES_RECEIVED, 0) for b in beats if b.role == "learner"
+        )
         lost = sent - received
         if lost <= 0:
             return
         counters = dict(hb.counters)
-        counters["samples_received"] = counters.get("samples_received", 0) + lost
-        counters["dropped/lost_in_restart"] = counters.get("dropped/lost_in_restart", 0) + lost
+        counters[LearnerStat.SAMPLES_RECEIVED] = (
+            counters.get(LearnerStat.SAMPLES_RECEIVED, 0) + lost
+        )
+        counters[Dropped.LOST_IN_RESTART] = counters.get(Dropped.LOST_IN_RESTART, 0) + lost
         heartbeats[retired] = dataclasses.replace(hb, counters=counters)
         log.warning("%s died with %d samples on their way to it: lost_in_restart", retired, lost)
 
@@ -152,24 +159,24 @@ class Balancer:
         sent: dict[str, int] = {}
         for name, hb in heartbeats.items():
             if hb.role == "buffer":
-                inserted += hb.counters.get("samples_inserted", 0)
+                inserted += hb.counters.get(BufferStat.SAMPLES_INSERTED, 0)
                 dropped += _dropped(hb)
-                filling |= name in live and hb.gauges.get("ready", 1.0) < 1.0
+                filling |= name in live and hb.gauges.get(BufferStat.READY, 1.0) < 1.0
             elif hb.role == "learner":
-                consumed += hb.counters.get("samples_consumed", 0)
+                consumed += hb.counters.get(LearnerStat.SAMPLES_CONSUMED, 0)
                 dropped += _dropped(hb)
-                version = max(version, hb.counters.get("learner_updates", 0))
+                version = max(version, hb.counters.get(LearnerStat.LEARNER_UPDATES, 0))
                 if "params_version" in hb.gauges and name in live:
-                    params = max(params or 0, int(hb.gauges["params_version"]))
+                    params = max(params or 0, int(hb.gauges[LearnerStat.PARAMS_VERSION]))
             elif hb.role == "actor":
-                produced += hb.counters.get("samples_produced", 0)
+                produced += hb.counters.get(ActorStat.SAMPLES_PRODUCED, 0)
                 dropped += _dropped(hb)
                 # a producer counts from its first heartbeat since it registered: until
                 # then the last one may be an earlier incarnation's (its counts, not ours)
                 if name in live and getattr(live[name], "last_heartbeat", hb) is not None:
-                    versions[name] = int(hb.gauges.get("policy_version", -1))
-                    fragments[name] = int(hb.gauges.get("fragments_at_version", 0))
-                    sent[name] = int(hb.counters.get("fragments_sent", 0))
+                    versions[name] = int(hb.gauges.get(ActorStat.POLICY_VERSION, -1))
+                    fragments[name] = int(hb.gauges.get(ActorStat.FRAGMENTS_AT_VERSION, 0))
+                    sent[name] = int(hb.counters.get(ActorStat.FRAGMENTS_SENT, 0))
         return Observation(
             inserted=inserted,
             consumed=consumed,
@@ -212,7 +219,7 @@ class Balancer:
         for name in learners:
             own = limit - _retired_consumed(heartbeats, name)  # a restarted one counts from 0
             if self.grants.get(name) != own:
-                grant = ConsumptionGranted(limit=own, reason=decision.reason)
+                grant = GrantConsumption(limit=own, reason=decision.reason)
                 if await self._send(name, grant):
                     self.grants[name] = own
                     self.commands["grant"] += 1
@@ -229,7 +236,7 @@ class Balancer:
         assert decision.grants is not None
         self.paused = set(decision.paused)
         for name, grant in sorted(decision.grants.items()):
-            ev = ProductionGranted(
+            ev = GrantProduction(
                 limit=grant.limit, min_version=grant.min_version, reason=decision.reason
             )
             if await self._send(name, ev):
@@ -293,17 +300,18 @@ class Balancer:
             if name not in live:
                 continue
             if hb.role == "learner":
-                cap = hb.gauges.get("consume_limit")
+                cap = hb.gauges.get(LearnerStat.CONSUME_LIMIT)
                 allowed = f", grant {cap:.0f}" if cap is not None else ""
+                version = hb.counters.get(LearnerStat.LEARNER_UPDATES, 0)
+                consumed = hb.counters.get(LearnerStat.SAMPLES_CONSUMED, 0)
+                held = hb.gauges.get(LearnerStat.HELD_SAMPLES, 0)
                 parts.append(
-                    f"{name} v{hb.counters.get('learner_updates', 0)} consumed "
-                    f"{hb.counters.get('samples_consumed', 0)}{allowed}, holds "
-                    f"{hb.gauges.get('held_samples', 0):.0f} samples"
+                    f"{name} v{version} consumed {consumed}{allowed}, holds {held:.0f} samples"
                 )
             elif hb.role == "buffer":
                 parts.append(
-                    f"{name} holds {hb.gauges.get('size', 0):.0f} "
-                    f"({hb.gauges.get('buffered_samples', 0):.0f} samples)"
+                    f"{name} holds {hb.gauges.get(BufferStat.SIZE, 0):.0f} "
+                    f"({hb.gauges.get(BufferStat.BUFFERED_SAMPLES, 0):.0f} samples)"
                 )
         if self.last is not None:
             parts.append(f"balance: {self.last.reason}")
@@ -345,14 +353,14 @@ class Balancer:
         production, consumption = self.rates()
         effective = obs.inserted - self.config.min_replay_size
         pause = {
-            n: round(hb.gauges.get("paused_s", 0.0), 3)
+            n: round(hb.gauges.get(ActorStat.PAUSED_S, 0.0), 3)
             for n, hb in sorted(heartbeats.items())
             if hb.role == "actor"
         }
-        wait = sum(hb.gauges.get("waiting_s", 0.0) for hb in heartbeats.values())
+        wait = sum(hb.gauges.get(LearnerStat.WAITING_S, 0.0) for hb in heartbeats.values())
         learners = [hb for hb in heartbeats.values() if hb.role == "learner"]
-        idle = sum(hb.gauges.get("idle_s", 0.0) for hb in learners)
-        busy = sum(hb.gauges.get("update_s", 0.0) for hb in learners)
+        idle = sum(hb.gauges.get(LearnerStat.IDLE_S, 0.0) for hb in learners)
+        busy = sum(hb.gauges.get(LearnerStat.UPDATE_S, 0.0) for hb in learners)
         return {
             "mode": self.config.mode,
             "samples_inserted": obs.inserted,
@@ -386,7 +394,7 @@ def _retired_consumed(heartbeats: Mapping[str, Heartbeat], name: str) -> int:
     """Samples consumed by the earlier incarnations of ``name`` (see Controller.retire)."""
     prefix = f"{name}#"
     return sum(
-        hb.counters.get("samples_consumed", 0)
+        hb.counters.get(LearnerStat.SAMPLES_CONSUMED, 0)
         for n, hb in heartbeats.items()
         if n.startswith(prefix)
     )
@@ -414,10 +422,10 @@ def lag_summary(heartbeats: Mapping[str, Heartbeat]) -> dict[str, float] | None:
         if hb.role != "learner":
             continue
         for key, value in hb.counters.items():
-            if key.startswith("lag/"):
+            if key.startswith(LearnerStat.LAG_PREFIX):
                 counts[int(key.split("/", 1)[1])] += value
-        total += hb.counters.get("lag_sum", 0)
-        peak = max(peak, hb.counters.get("lag_max", 0))
+        total += hb.counters.get(LearnerStat.LAG_SUM, 0)
+        peak = max(peak, hb.counters.get(LearnerStat.LAG_MAX, 0))
     return LagStats.summarize(dict(counts), total, peak)
 
 
@@ -441,19 +449,21 @@ def accounting(heartbeats: Mapping[str, Heartbeat], on_policy: bool) -> dict[str
             )
         )
 
-    produced = total("actor", "samples_produced")
-    unsent = total("actor", "dropped/unsent")
-    inserted = total("buffer", "samples_inserted")
+    produced = total("actor", ActorStat.SAMPLES_PRODUCED)
+    unsent = total("actor", Dropped.UNSENT)
+    inserted = total("buffer", BufferStat.SAMPLES_INSERTED)
     in_flight = produced - unsent - inserted
-    consumed = total("learner", "samples_consumed")
+    consumed = total("learner", LearnerStat.SAMPLES_CONSUMED)
     if on_policy:  # sent by the buffer and not received yet, or held by the learner
-        in_flight += total("buffer", "samples_sent") - total("learner", "samples_received")
-        in_flight += total("learner", "held_samples", gauge=True)
+        in_flight += total("buffer", BufferStat.SAMPLES_SENT) - total(
+            "learner", LearnerStat.SAMPLES_RECEIVED
+        )
+        in_flight += total("learner", LearnerStat.HELD_SAMPLES, gauge=True)
     dropped = dropped_by_reason(
         {n: hb for n, hb in heartbeats.items() if on_policy or hb.role != "learner"}
     )
-    buffered = total("buffer", "buffered_samples", gauge=True)
-    restored = total("buffer", "samples_restored")
+    buffered = total("buffer", BufferStat.BUFFERED_SAMPLES, gauge=True)
+    restored = total("buffer", BufferStat.SAMPLES_RESTORED)
     accounted = buffered + sum(dropped.values()) + in_flight + (consumed if on_policy else 0)
     return {
         "produced": produced,

@@ -26,13 +26,14 @@ from tianji.rl.buffers import ReplayBuffer, RolloutBuffer, make_buffer
 from tianji.rl.checkpoint import pack_state, unpack_state
 from tianji.rl.events import (
     BatchRequested,
-    CheckpointRequested,
-    CheckpointRestored,
     CheckpointTaken,
     PrioritiesUpdated,
+    RestoreCheckpoint,
     SampleBatch,
+    TakeCheckpoint,
     TrajectoryCollected,
 )
+from tianji.rl.stats import BufferStat, Dropped
 from tianji.rl.topics import (
     REQUESTS,
     batches_topic,
@@ -120,7 +121,7 @@ class BufferService(Service):
             await self._snapshot()
         await super().main()
 
-    async def on_restore(self, ev: CheckpointRestored) -> None:
+    async def on_restore(self, ev: RestoreCheckpoint) -> None:
         """Start from a replay snapshot (once; before anything is stored)."""
         assert self._restored is not None
         if self._restored.is_set():
@@ -132,14 +133,14 @@ class BufferService(Service):
         except (ValueError, KeyError, TypeError) as exc:
             self.fail(f"cannot restore the replay snapshot: {exc}")
             return
-        self.counters["samples_restored"] = len(self.buffer)
+        self.counters[BufferStat.SAMPLES_RESTORED] = len(self.buffer)
         self.learner_version = max(self.learner_version, ev.policy_version)
         self._update_size()
         self._restored.set()
         self.report_soon()
 
     async def on_control(self, ev: Event) -> None:
-        if isinstance(ev, CheckpointRequested):
+        if isinstance(ev, TakeCheckpoint):
             if self.snapshots:
                 await self._snapshot()
         else:
@@ -167,7 +168,7 @@ class BufferService(Service):
             await self._restored.wait()  # store on top of the snapshot, never under it
         steps = transitions(ev.arrays)
         self.buffer.add(ev.arrays, policy_version=ev.policy_version)
-        self.counters["samples_inserted"] += steps
+        self.counters[BufferStat.SAMPLES_INSERTED] += steps
         self._count_evictions()
         await self._serve()
         self.report_soon()
@@ -220,9 +221,9 @@ class BufferService(Service):
             if isinstance(self.buffer, RolloutBuffer):  # per env column -> per transition
                 versions = np.tile(versions, next(iter(batch.values())).shape[0])
             self.sent[learner] = self.sent.get(learner, 0) + 1
-            self.counters["batches_sent"] += 1
+            self.counters[BufferStat.BATCHES_SENT] += 1
             if isinstance(self.buffer, RolloutBuffer):  # taken out of the buffer
-                self.counters["samples_sent"] += int(versions.size)
+                self.counters[BufferStat.SAMPLES_SENT] += int(versions.size)
             self._update_size()
             await self.publish(
                 SampleBatch(
@@ -241,26 +242,26 @@ class BufferService(Service):
         oldest = self.learner_version - self.config.learner.max_policy_lag
         dropped = self.buffer.drop_older_than(oldest)
         if dropped:
-            self.counters["dropped/stale"] += dropped
+            self.counters[Dropped.STALE] += dropped
             self._update_size()
 
     def _count_evictions(self) -> None:
         stats = self.buffer.statistics()
         evicted = int(stats["evicted"])
         if isinstance(self.buffer, RolloutBuffer):
-            self.counters["dropped/evicted"] = self.buffer.evicted_transitions
+            self.counters[Dropped.EVICTED] = self.buffer.evicted_transitions
         else:
-            self.counters["dropped/evicted"] = evicted
+            self.counters[Dropped.EVICTED] = evicted
         self._update_size()
 
     def _update_size(self) -> None:
         """Gauges ``size`` (the buffer's own unit: fragments or transitions) and
         ``buffered_samples`` (transitions, for the run's sample accounting)."""
-        self.gauges["size"] = float(len(self.buffer))
+        self.gauges[BufferStat.SIZE] = float(len(self.buffer))
         if isinstance(self.buffer, RolloutBuffer):
-            self.gauges["buffered_samples"] = float(self.buffer.stored_transitions)
+            self.gauges[BufferStat.BUFFERED_SAMPLES] = float(self.buffer.stored_transitions)
         else:
-            self.gauges["buffered_samples"] = float(len(self.buffer))
+            self.gauges[BufferStat.BUFFERED_SAMPLES] = float(len(self.buffer))
             # 0 while this replay shard cannot hand out a batch yet: the controller keeps
             # every producer running until all shards can (see Observation.filling)
-            self.gauges["ready"] = float(len(self.buffer) >= self.buffer.min_size)
+            self.gauges[BufferStat.READY] = float(len(self.buffer) >= self.buffer.min_size)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tianji import algorithms
+from tianji.rl.algorithm import SupportsGradientSync
 from tianji.rl.config import RunConfig, build_dataclass
 from tianji.rl.envs import env_spaces_and_state
 from tianji.runtime.errors import ConfigError
@@ -28,7 +29,8 @@ def make_algorithm(config: RunConfig, *, seed: int, device: str) -> Any:
     """Instantiate the configured algorithm for the configured env.
 
     Raises:
-        ConfigError: for an unknown algorithm, bad ``[algo]`` keys or unsupported spaces.
+        ConfigError: for an unknown algorithm, bad ``[algo]`` keys, unsupported spaces, or
+            several learners for an algorithm that cannot average gradients.
     """
     cls = algorithms.get(config.algorithm)
     algo_config = build_dataclass(cls.Config, config.algo, "algo.")
@@ -44,7 +46,13 @@ def make_algorithm(config: RunConfig, *, seed: int, device: str) -> Any:
     if problem:
         raise ConfigError("algorithm", config.algorithm, f"spaces it supports: {problem}")
     extra = {"state_space": state_space} if multi_agent else {}
-    return cls(algo_config, obs_space, action_space, seed=seed, device=device, **extra)
+    algo = cls(algo_config, obs_space, action_space, seed=seed, device=device, **extra)
+    if config.learner.count > 1 and not isinstance(algo, SupportsGradientSync):
+        why = (
+            f"1: algorithm {config.algorithm!r} has no gradient_sync (see writing-an-algorithm.md)"
+        )
+        raise ConfigError("learner.count", config.learner.count, why)
+    return algo
 
 
 def run_config_data(config: RunConfig) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """The inference service: one batched forward pass for the observations of many actors.
 
-Actors with ``[actors] inference = "service"`` send :class:`ObservationsReady` and wait for
+Actors with ``[actors] inference = "service"`` send :class:`ComputeActions` and wait for
 :class:`ActionsComputed` on their own topic. Requests that arrive together are concatenated
 into one batch (up to ``max_batch_requests``), so the policy runs once for all of them.
 """
@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from tianji.rl.events import ActionsComputed, ObservationsReady, ParamsPublished
+from tianji.rl.events import ActionsComputed, ComputeActions, ParamsPublished
 from tianji.rl.topics import LATEST_PARAMS, OBSERVATIONS, actions_topic
 from tianji.runtime.service import Service
 from tianji.services.common import make_algorithm, parse_run_config
@@ -35,13 +35,13 @@ class InferenceService(Service):
         self.algo = make_algorithm(cfg, seed=cfg.seed, device=cfg.learner.device)
         self.policy_version = -1
         self.max_batch_requests = max_batch_requests
-        self._requests: asyncio.Queue[ObservationsReady] = asyncio.Queue(2 * len(actors) + 8)
+        self._requests: asyncio.Queue[ComputeActions] = asyncio.Queue(2 * len(actors) + 8)
         self._pending: ParamsPublished | None = None
         self._have_params = asyncio.Event()
         self.subscribe(OBSERVATIONS, self.on_observations)
         self.subscribe(LATEST_PARAMS, self.on_params)
 
-    async def on_observations(self, ev: ObservationsReady) -> None:
+    async def on_observations(self, ev: ComputeActions) -> None:
         await self._requests.put(ev)  # bounded: a backlog holds the actors back
 
     async def on_params(self, ev: ParamsPublished) -> None:
@@ -68,7 +68,7 @@ class InferenceService(Service):
             self.policy_version = self._pending.policy_version
             self._pending = None
 
-    async def _answer(self, batch: list[ObservationsReady]) -> None:
+    async def _answer(self, batch: list[ComputeActions]) -> None:
         sizes = [len(r.obs) for r in batch]
         out = self.algo.act(np.concatenate([r.obs for r in batch]), explore=True)
         self.counters["requests"] += len(batch)

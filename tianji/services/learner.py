@@ -13,7 +13,7 @@ Learner-0 also takes the checkpoints (``[checkpoint]``): every ``every_updates``
 or ``every_seconds`` seconds it packs its algorithm's whole state between two updates and
 publishes it (:class:`CheckpointTaken`) to the run's monitor, which writes it. A resumed
 run's learners (``restore=True``) wait for the state to continue from
-(:class:`CheckpointRestored`) before anything else.
+(:class:`RestoreCheckpoint`) before anything else.
 """
 
 from __future__ import annotations
@@ -30,14 +30,15 @@ from tianji.rl.balance import LagStats, publish_every
 from tianji.rl.checkpoint import algorithm_state, pack_state, restore_algorithm, unpack_state
 from tianji.rl.events import (
     BatchRequested,
-    CheckpointRequested,
-    CheckpointRestored,
     CheckpointTaken,
-    ConsumptionGranted,
+    GrantConsumption,
     ParamsPublished,
     PrioritiesUpdated,
+    RestoreCheckpoint,
     SampleBatch,
+    TakeCheckpoint,
 )
+from tianji.rl.stats import Dropped, LearnerStat
 from tianji.rl.topics import (
     CHECKPOINTS,
     LEARNER_PARAMS,
@@ -64,12 +65,12 @@ log = logging.getLogger(__name__)
 class LearnerService(Service):
     """One learner process (``index`` of ``learner.count``; see the module docstring).
 
-    It consumes only what the controller grants (:class:`ConsumptionGranted`: a limit on
+    It consumes only what the controller grants (:class:`GrantConsumption`: a limit on
     its cumulative ``samples_consumed``; unlimited until the first grant), so an
     off-policy learner that runs ahead of the actors waits for data.
 
     Args:
-        restore: wait for a :class:`CheckpointRestored` and continue from it (a resumed run).
+        restore: wait for a :class:`RestoreCheckpoint` and continue from it (a resumed run).
 
     Raises:
         ConfigError: for an ``index`` outside ``learner.count``, a name other than
@@ -130,10 +131,10 @@ class LearnerService(Service):
         self.requested_from = dict.fromkeys(self.shards, 0)  # ... per buffer shard
         self.received_from = dict.fromkeys(self.shards, 0)  # batches got from each shard
         self._held = 0  # samples received and not yet consumed or dropped (queued, training)
-        self.gauges["held_samples"] = 0.0
-        self.gauges["waiting_s"] = 0.0  # for the controller's consumption grant
-        self.gauges["idle_s"] = 0.0  # for a batch (none buffered)
-        self.gauges["update_s"] = 0.0  # in updates
+        self.gauges[LearnerStat.HELD_SAMPLES] = 0.0
+        self.gauges[LearnerStat.WAITING_S] = 0.0  # for the controller's consumption grant
+        self.gauges[LearnerStat.IDLE_S] = 0.0  # for a batch (none buffered)
+        self.gauges[LearnerStat.UPDATE_S] = 0.0  # in updates
         self.subscribe(batches_topic(name), self.on_batch)
         self._restored: asyncio.Event | None = None
         if restore:
@@ -188,17 +189,17 @@ class LearnerService(Service):
         self.algo.gradient_sync = sync
 
     async def on_batch(self, ev: SampleBatch) -> None:
-        self.counters["samples_received"] += int(ev.policy_versions.size)
+        self.counters[LearnerStat.SAMPLES_RECEIVED] += int(ev.policy_versions.size)
         if ev.buffer in self.received_from:
             self.received_from[ev.buffer] += 1
         if self._closing:
             self._drop_at_stop([ev])
             return
         self._held += int(ev.policy_versions.size)
-        self.gauges["held_samples"] = float(self._held)
+        self.gauges[LearnerStat.HELD_SAMPLES] = float(self._held)
         await self._batches.put(ev)  # bounded, and the buffer sends only what we requested
 
-    async def on_restore(self, ev: CheckpointRestored) -> None:
+    async def on_restore(self, ev: RestoreCheckpoint) -> None:
         """Continue from a checkpoint's state (once; a repeat is counted and ignored)."""
         assert self._restored is not None
         if self._restored.is_set():
@@ -210,7 +211,7 @@ class LearnerService(Service):
             self.fail(f"cannot restore the checkpoint at version {ev.policy_version}: {exc}")
             return
         self.version = ev.policy_version
-        self.counters["learner_updates"] = self.version
+        self.counters[LearnerStat.LEARNER_UPDATES] = self.version
         self.counters["restored_version"] = self.version
         self._restored.set()
 
@@ -244,7 +245,7 @@ class LearnerService(Service):
             self.counters["checkpoints_unsent"] += 1  # no monitor writing them (no run dir)
             return
         if await self.publish(self._checkpoint_event(), CHECKPOINTS):
-            self.counters["checkpoints_taken"] += 1
+            self.counters[LearnerStat.CHECKPOINTS_TAKEN] += 1
 
     def _checkpoint_event(self) -> CheckpointTaken:
         """The algorithm's whole state, packed, at the current policy version."""
@@ -267,20 +268,20 @@ class LearnerService(Service):
         self._checkpointed = (self.version, 0.0)
         try:
             self.publish_nowait(self._checkpoint_event(), CHECKPOINTS)
-            self.counters["checkpoints_taken"] += 1
+            self.counters[LearnerStat.CHECKPOINTS_TAKEN] += 1
         except TianjiError as exc:  # the monitor's link is full or gone
             self.counters["checkpoints_unsent"] += 1
             log.warning("%s: no checkpoint at stop: %s", self.name, exc)
 
     async def on_control(self, ev: Event) -> None:
-        if isinstance(ev, CheckpointRequested):
+        if isinstance(ev, TakeCheckpoint):
             if self._updating:
                 self._checkpoint_wanted = True
             elif self.index == 0 and self.version != self._checkpointed[0]:
                 await self._checkpoint()
-        elif isinstance(ev, ConsumptionGranted):
+        elif isinstance(ev, GrantConsumption):
             self.limit = None if ev.limit < 0 else ev.limit
-            self.gauges["consume_limit"] = float(ev.limit)
+            self.gauges[LearnerStat.CONSUME_LIMIT] = float(ev.limit)
             self._granted.set()
         else:
             await super().on_control(ev)
@@ -291,35 +292,37 @@ class LearnerService(Service):
         if self.on_policy:
             lost = sum(int(b.policy_versions.size) for b in batches)
             if lost:
-                self.counters["dropped/shutdown"] += lost
+                self.counters[Dropped.SHUTDOWN] += lost
 
     def _release_held(self, n: int) -> None:
         """``n`` held samples were just counted as consumed or dropped (same step, so a
         heartbeat never sees them twice or not at all)."""
         self._held -= n
-        self.gauges["held_samples"] = float(self._held)
+        self.gauges[LearnerStat.HELD_SAMPLES] = float(self._held)
 
     async def _wait_for_grant(self, n: int) -> None:
-        if self.limit is None or self.counters["samples_consumed"] + n <= self.limit:
+        if self.limit is None or self.counters[LearnerStat.SAMPLES_CONSUMED] + n <= self.limit:
             return
         if self.publish_at_round_end and self.index == 0:
             await self._publish_weights()  # the round's updates are done: actors go on
         loop = asyncio.get_running_loop()
         started = loop.time()
         self.report_soon()
-        while self.limit is not None and self.counters["samples_consumed"] + n > self.limit:
+        while (
+            self.limit is not None and self.counters[LearnerStat.SAMPLES_CONSUMED] + n > self.limit
+        ):
             self._granted.clear()
             await self._granted.wait()
-        self.gauges["waiting_s"] += loop.time() - started
+        self.gauges[LearnerStat.WAITING_S] += loop.time() - started
 
     async def _publish_weights(self) -> None:
-        if self.gauges.get("params_version") == float(self.version):
+        if self.gauges.get(LearnerStat.PARAMS_VERSION) == float(self.version):
             return  # published already
         weights = self.algo.get_weights()
         await self.publish(
             ParamsPublished(policy_version=self.version, weights=weights), LEARNER_PARAMS
         )
-        self.gauges["params_version"] = float(self.version)  # the controller grants on it
+        self.gauges[LearnerStat.PARAMS_VERSION] = float(self.version)  # the controller grants on it
 
     async def main(self) -> None:
         import torch
@@ -350,7 +353,7 @@ class LearnerService(Service):
             queued = [self._batches.get_nowait() for _ in range(self._batches.qsize())]
             self._drop_at_stop(queued + ([self._current] if self._current is not None else []))
             self._held = 0
-            self.gauges["held_samples"] = 0.0
+            self.gauges[LearnerStat.HELD_SAMPLES] = 0.0
 
     async def _next_batch(self) -> SampleBatch:
         """The next batch; while none comes, the cumulative request is repeated every
@@ -368,7 +371,7 @@ class LearnerService(Service):
                     self.counters["requests_repeated"] += 1
                     await self._request(0)
         finally:
-            self.gauges["idle_s"] += loop.time() - started
+            self.gauges[LearnerStat.IDLE_S] += loop.time() - started
 
     REPEAT_S = 2.0
 
@@ -394,7 +397,7 @@ class LearnerService(Service):
         policy no longer changes, and a run short of its target cannot reach it."""
         if lr is None or lr > 0 or "lr_zero_at_update" in self.counters:
             return
-        self.counters["lr_zero_at_update"] = self.version
+        self.counters[LearnerStat.LR_ZERO_AT_UPDATE] = self.version
         log.warning(
             "%s: the learning rate reached 0 at update %d: the policy no longer learns "
             "(an annealed schedule ended; set algo.lr_floor > 0 or a longer "
@@ -411,7 +414,7 @@ class LearnerService(Service):
             # Went stale in flight (the buffer checked against an older learner version).
             # With K learners this takes no all-reduce step: the peers wait at the next
             # step until this learner has a fresh batch, so the step numbers never diverge.
-            self.counters["dropped/stale"] += int(lags.size)
+            self.counters[Dropped.STALE] += int(lags.size)
             self._release_held(n)
             await self._request(1)
             self.report_soon()
@@ -420,17 +423,17 @@ class LearnerService(Service):
         self._updating = True  # stays set if cancelled: the thread may still be updating
         started = asyncio.get_running_loop().time()
         result = await asyncio.to_thread(self.algo.update, batch.arrays)
-        self.gauges["update_s"] += asyncio.get_running_loop().time() - started
+        self.gauges[LearnerStat.UPDATE_S] += asyncio.get_running_loop().time() - started
         self._updating = False
         self.version += 1
-        self.counters["learner_updates"] = self.version
-        self.counters["samples_consumed"] += n
+        self.counters[LearnerStat.LEARNER_UPDATES] = self.version
+        self.counters[LearnerStat.SAMPLES_CONSUMED] += n
         self._release_held(n)
         for key, count in self.lag.as_counters().items():
             self.counters[key] = count
         self.gauges.update(result.metrics)
         self._check_lr(result.metrics.get("lr"))
-        self.gauges["policy_lag_mean"] = float(lags.mean()) if n else 0.0
+        self.gauges[LearnerStat.POLICY_LAG_MEAN] = float(lags.mean()) if n else 0.0
         if self.allreduce is not None:
             self.gauges["allreduce_wait_s"] = self.allreduce.wait_s
             self.counters["allreduce/steps"] = self.allreduce.step

@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 
 from tianji.rl.checkpoint import Checkpoint, prune_checkpoints, replay_file, write_checkpoint
-from tianji.rl.events import CheckpointRestored, CheckpointTaken, EpisodesFinished
+from tianji.rl.events import CheckpointTaken, EpisodesFinished, RestoreCheckpoint
+from tianji.rl.stats import MonitorStat
 from tianji.rl.topics import (
     CHECKPOINTS,
     EPISODES,
@@ -46,7 +47,7 @@ class TrainMonitor(Service):
         identity: ``algorithm`` and ``env_id`` written into every checkpoint.
         resume: the checkpoint a resumed run continues from: its env steps, episodes,
             recent returns and elapsed time are where the counts start, and every learner
-            that subscribes gets its state (:class:`~tianji.runtime.events.CheckpointRestored`).
+            that subscribes gets its state (:class:`~tianji.runtime.events.RestoreCheckpoint`).
         replay: the replay buffer shards whose snapshots to write (``[checkpoint] replay``).
         replay_resume: a resumed run's replay snapshots, by buffer, sent to each shard.
         restorable: learners (``recovery.learner = "resume"``) and the ``replay`` shards
@@ -182,14 +183,14 @@ class TrainMonitor(Service):
             )
             await asyncio.to_thread(prune_checkpoints, self.checkpoint_dir, self.keep)
         except OSError as exc:
-            self.counters["checkpoint_errors"] += 1
+            self.counters[MonitorStat.CHECKPOINT_ERRORS] += 1
             log.error("checkpoint at version %d not written: %s", ev.policy_version, exc)
             return
         self.last_checkpoint = path
         self.checkpoint_version = ev.policy_version
         self._written.set()
         self._written.clear()
-        self.counters["checkpoints_written"] += 1
+        self.counters[MonitorStat.CHECKPOINTS_WRITTEN] += 1
         self.gauges["checkpoint_version"] = float(ev.policy_version)
         self.report_soon()
 
@@ -209,7 +210,7 @@ class TrainMonitor(Service):
                 write_checkpoint, self.checkpoint_dir, ev.state.tobytes(), meta, name
             )
         except OSError as exc:
-            self.counters["checkpoint_errors"] += 1
+            self.counters[MonitorStat.CHECKPOINT_ERRORS] += 1
             log.error("replay snapshot of %s not written: %s", buffer, exc)
             return
         self.replay_written[buffer] = time.monotonic()
@@ -243,14 +244,14 @@ class TrainMonitor(Service):
     async def on_subscribed(self, conn: Connection, topics: Sequence[str]) -> None:
         if RESTORE in topics and self.restore is not None:
             state = np.frombuffer(self.restore.state, np.uint8)
-            ev = CheckpointRestored(policy_version=self.restore_version, state=state)
+            ev = RestoreCheckpoint(policy_version=self.restore_version, state=state)
             await self.send_to_subscriber(conn, ev, RESTORE)
             self.counters["restores_sent"] += 1
         for buffer, snapshot in self.replay_resume.items():
             topic_name = replay_restore_topic(buffer)
             if topic_name in topics:
                 state = np.frombuffer(snapshot.state, np.uint8)
-                ev = CheckpointRestored(policy_version=snapshot.policy_version, state=state)
+                ev = RestoreCheckpoint(policy_version=snapshot.policy_version, state=state)
                 await self.send_to_subscriber(conn, ev, topic_name)
                 self.counters["replay_restores_sent"] += 1
 

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tianji.rl.events import ParamsPublished
+from tianji.rl.stats import ParamsStat
 from tianji.rl.topics import LATEST_PARAMS, LEARNER_PARAMS
 from tianji.runtime.core import Connection
 from tianji.runtime.service import Service
@@ -31,7 +32,7 @@ class ParamsService(Service):
             self.counters["params_out_of_order"] += 1
             return
         self.latest = ev
-        self.counters["params_version"] = ev.policy_version
+        self.counters[ParamsStat.PARAMS_VERSION] = ev.policy_version
         await self.publish(ev, LATEST_PARAMS)
 
     async def on_subscribed(self, conn: Connection, topics: Sequence[str]) -> None:

@@ -1,0 +1,83 @@
+"""The ``tianji controller`` and ``tianji serve`` command lines."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tianji.cli.train import add_run_options, config_from_args
+from tianji.run.deploy import (
+    apply_security_options,
+    config_digest,
+    run_controller,
+    serve,
+    serve_spec,
+)
+
+__all__ = ["add_deploy_parsers"]
+
+
+def _add_security_options(p: Any) -> None:
+    p.add_argument("--token-file", metavar="PATH", help="the run's token (else TIANJI_TOKEN)")
+    p.add_argument("--tls-cert", metavar="PEM", help="this host's certificate (mutual TLS)")
+    p.add_argument("--tls-key", metavar="PEM", help="its private key")
+    p.add_argument("--tls-ca", metavar="PEM", help="the run's CA certificate")
+
+
+def add_deploy_parsers(sub: Any) -> None:
+    """Add ``tianji controller`` and ``tianji serve`` to the CLI's subparsers."""
+    p = sub.add_parser("controller", help="run the controller of a run deployed by hand")
+    add_run_options(p)
+    p.add_argument("--bind", default="tcp://127.0.0.1:7000", help="tcp://HOST:PORT to listen on")
+    p.add_argument("--advertise", metavar="HOST", help="the host services use to reach us")
+    p.add_argument("--join-timeout", type=float, help="fail if not all joined by then (s)")
+    p.add_argument("--rejoin-timeout", type=float, default=30.0, help="(s, default 30)")
+    _add_security_options(p)
+    p.set_defaults(func=_cmd_controller)
+
+    p = sub.add_parser("serve", help="run one service of a run deployed by hand")
+    p.add_argument("role", help="actor, buffer, learner, params or inference")
+    add_run_options(p, run=False)
+    p.add_argument("--controller", required=True, help="the controller's tcp://HOST:PORT")
+    p.add_argument("--index", type=int, default=0, help="which one of the role (default 0)")
+    p.add_argument("--bind", default="tcp://127.0.0.1:0", help="tcp://HOST:PORT to listen on")
+    p.add_argument("--advertise", metavar="HOST", help="the host other services use to reach us")
+    p.add_argument(
+        "--local",
+        choices=["auto", "shm", "tcp"],
+        default="auto",
+        help="between services of one host: shared memory where available (auto) or tcp",
+    )
+    _add_security_options(p)
+    p.set_defaults(func=_cmd_serve)
+
+
+def _cmd_controller(args: Any) -> int:
+    apply_security_options(args)
+    summary = run_controller(
+        config_from_args(args),
+        bind=args.bind,
+        advertise=args.advertise,
+        join_timeout=args.join_timeout,
+        rejoin_timeout=args.rejoin_timeout,
+        summary_path=args.summary,
+        metrics_path=args.metrics,
+        dashboard=args.dashboard,
+    )
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def _cmd_serve(args: Any) -> int:
+    apply_security_options(args)
+    config = config_from_args(args)
+    spec = serve_spec(
+        config,
+        args.role,
+        args.index,
+        controller=args.controller,
+        bind=args.bind,
+        advertise=args.advertise,
+        local=args.local,
+    )
+    return serve(spec, config_digest(config))

@@ -1,0 +1,121 @@
+"""The heartbeat counters and gauges that cross process boundaries, declared once.
+
+A service reports ``counters`` (cumulative integers) and ``gauges`` (current values) in
+its heartbeats; the controller's balancer, the progress line, the run summary, the
+dashboard and the recovery code read them. Every name that one process writes and
+another reads is declared here, per role, and used by both sides through these constants
+(``tests/test_stats_contract.py`` fails on such a name spelled as a string literal
+anywhere else). A service's private counters (e.g. ``link_reconnects``) stay literals in
+the one file that writes them; the summary shows them as they are.
+
+Flow control, and which counter says what happened (see ``docs/architecture.md``, "One
+flow-control contract"): actors count what they produce, buffers what they insert, send,
+evict and drop, learners what they receive, consume and drop; every sample ends in exactly
+one of consumed, dropped (``dropped/<reason>``), buffered or held, which
+:func:`tianji.services.balancer.accounting` checks.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = [
+    "ActorStat",
+    "BufferStat",
+    "DROPPED",
+    "Dropped",
+    "LearnerStat",
+    "MonitorStat",
+    "ParamsStat",
+]
+
+DROPPED: Final = "dropped/"
+"""Prefix of every drop counter: ``dropped/<reason>``, in any role."""
+
+
+class Dropped:
+    """The reasons a sample is dropped (counter ``dropped/<reason>``)."""
+
+    STALE: Final = "dropped/stale"
+    """Older than ``learner.max_policy_lag`` versions when it would be consumed."""
+    EVICTED: Final = "dropped/evicted"
+    """Pushed out of a full buffer before it was consumed."""
+    LOST_IN_RESTART: Final = "dropped/lost_in_restart"
+    """Held by a service that died (counted on its retired incarnation)."""
+    SHUTDOWN: Final = "dropped/shutdown"
+    """Held by a learner when the run stopped."""
+    UNSENT: Final = "dropped/unsent"
+    """A fragment an actor could not deliver."""
+
+
+class ActorStat:
+    """What an actor reports."""
+
+    ENV_STEPS: Final = "env_steps"
+    SAMPLES_PRODUCED: Final = "samples_produced"
+    FRAGMENTS_SENT: Final = "fragments_sent"
+    EPISODES: Final = "episodes"
+    PAUSES: Final = "pauses"
+    # gauges
+    POLICY_VERSION: Final = "policy_version"
+    """The version of the weights it acts with."""
+    FRAGMENTS_AT_VERSION: Final = "fragments_at_version"
+    PAUSED_S: Final = "paused_s"
+    GRANT_LIMIT: Final = "grant_limit"
+    GRANT_MIN_VERSION: Final = "grant_min_version"
+
+
+class BufferStat:
+    """What a buffer (replay or rollout) reports."""
+
+    SAMPLES_INSERTED: Final = "samples_inserted"
+    SAMPLES_SENT: Final = "samples_sent"
+    SAMPLES_RESTORED: Final = "samples_restored"
+    BATCHES_SENT: Final = "batches_sent"
+    # gauges
+    BUFFERED_SAMPLES: Final = "buffered_samples"
+    """Samples it holds now (lost if it dies)."""
+    READY: Final = "ready"
+    """1.0 once it holds ``min_size`` samples (0.0 while filling)."""
+    SIZE: Final = "size"
+
+
+class LearnerStat:
+    """What a learner reports."""
+
+    LEARNER_UPDATES: Final = "learner_updates"
+    """Updates done: the policy version of its weights."""
+    SAMPLES_RECEIVED: Final = "samples_received"
+    SAMPLES_CONSUMED: Final = "samples_consumed"
+    LAG_SUM: Final = "lag_sum"
+    LAG_MAX: Final = "lag_max"
+    LAG_PREFIX: Final = "lag/"
+    """``lag/<k>``: samples consumed k versions after they were produced."""
+    CHECKPOINTS_TAKEN: Final = "checkpoints_taken"
+    LR_ZERO_AT_UPDATE: Final = "lr_zero_at_update"
+    # gauges
+    HELD_SAMPLES: Final = "held_samples"
+    """Samples received and not yet consumed or dropped (lost if it dies)."""
+    PARAMS_VERSION: Final = "params_version"
+    """The newest version it published."""
+    CONSUME_LIMIT: Final = "consume_limit"
+    WAITING_S: Final = "waiting_s"
+    """Seconds spent waiting for the controller's consumption grant."""
+    IDLE_S: Final = "idle_s"
+    """Seconds spent waiting for a batch."""
+    UPDATE_S: Final = "update_s"
+    """Seconds spent in updates."""
+    POLICY_LAG_MEAN: Final = "policy_lag_mean"
+
+
+class MonitorStat:
+    """What the run's monitor reports (read by the run summary)."""
+
+    CHECKPOINTS_WRITTEN: Final = "checkpoints_written"
+    CHECKPOINT_ERRORS: Final = "checkpoint_errors"
+
+
+class ParamsStat:
+    """What the parameter service reports."""
+
+    PARAMS_VERSION: Final = "params_version"

@@ -1,0 +1,129 @@
+"""What a run reports: the progress line, the metrics rows and the summary JSON, from the
+controller's heartbeats and the monitor."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tianji.rl.config import RunConfig
+from tianji.rl.stats import LearnerStat, MonitorStat
+from tianji.run import progress as _progress
+from tianji.run.progress import RunFacts, learner_totals, plain_line, take_snapshot
+from tianji.runtime.controller import Controller
+from tianji.runtime.service import ServiceStat
+from tianji.services.balancer import (
+    accounting,
+    balancer_of,
+    dropped_by_reason,
+    lag_summary,
+)
+from tianji.services.monitor import TrainMonitor
+
+__all__ = ["metrics_row", "progress_line", "summarize"]
+
+
+def _sum(controller: Controller, role_prefix: str, key: str) -> int:
+    return sum(
+        hb.counters.get(key, 0)
+        for name, hb in controller.heartbeats.items()
+        if name.startswith(role_prefix)
+    )
+
+
+def progress_line(controller: Controller, monitor: TrainMonitor, elapsed: float) -> str:
+    """One human-readable progress line (:func:`tianji.run.progress.plain_line`)."""
+    return plain_line(take_snapshot(controller, monitor, elapsed))
+
+
+def metrics_row(
+    controller: Controller, monitor: TrainMonitor, elapsed: float, on_policy: bool
+) -> dict[str, Any]:
+    """One row of the run's metrics file (:func:`tianji.run.progress.metrics_row`)."""
+    snap = take_snapshot(controller, monitor, elapsed, RunFacts(on_policy=on_policy))
+    return _progress.metrics_row(snap)
+
+
+def summarize(
+    config: RunConfig,
+    controller: Controller,
+    monitor: TrainMonitor,
+    wall: float,
+    on_policy: bool = False,
+) -> dict[str, Any]:
+    """The summary JSON of a finished run (see the README for its keys)."""
+    totals = learner_totals(controller)
+    env_steps = monitor.env_steps
+    here = monitor.env_steps_here  # a resumed run's rates count this part of it only
+    resumed = monitor.resume
+    start_updates = resumed.policy_version if resumed is not None else 0
+    return {
+        "algorithm": config.algorithm,
+        "env_id": config.env.id,
+        "seed": config.seed,
+        "mode": config.controller.mode,
+        "actors": config.actors.count,
+        "envs_per_actor": config.actors.envs_per_actor,
+        "transport": config.transport,
+        "env_steps": env_steps,
+        "env_steps_by_actor": dict(sorted(monitor.env_steps_by_actor.items())),
+        "episodes": monitor.episodes,
+        "learners": config.learner.count,
+        "learner_updates": totals["updates"],
+        "wall_s": round(wall, 3),
+        "env_steps_per_s": round(here / wall, 1) if wall > 0 else 0.0,
+        "startup_s": round(monitor.first_data, 3) if monitor.first_data is not None else None,
+        "env_steps_per_s_running": round(monitor.running_rate(), 1),
+        "learner_updates_per_s_running": round(
+            monitor.running_rate(totals["updates"] - start_updates), 2
+        ),
+        "samples_produced": _sum(controller, "actor-", "samples_produced"),
+        "samples_consumed": totals["consumed"],
+        "samples_dropped": dropped_by_reason(controller.heartbeats),
+        "final_return": monitor.mean_return(),  # the mean the stop was decided on
+        "target_return": config.stop.target_return,
+        "time_to_target_s": (
+            round(monitor.time_to_target, 3) if monitor.time_to_target is not None else None
+        ),
+        "env_steps_to_target": monitor.steps_to_target,
+        "target_reached_unix": monitor.target_unix,
+        "policy_lag": lag_summary(controller.heartbeats),
+        "controller": (
+            balancer.metrics(controller.heartbeats)
+            if (balancer := balancer_of(controller))
+            else None
+        ),
+        "accounting": accounting(controller.heartbeats, on_policy),
+        "restarts": dict(sorted(controller.restarts.items())),
+        "resumed_from": _resumed(monitor),
+        "checkpoints": {
+            "written": monitor.counters[MonitorStat.CHECKPOINTS_WRITTEN],
+            "errors": monitor.counters[MonitorStat.CHECKPOINT_ERRORS],
+            "latest": str(monitor.last_checkpoint) if monitor.last_checkpoint else None,
+        },
+        "services": {
+            name: {
+                "role": hb.role,
+                "restarts": controller.restarts[name],
+                "max_rss_mb": hb.gauges.get(ServiceStat.MAX_RSS_MB),
+                "counters": {
+                    k: v for k, v in hb.counters.items() if not k.startswith(LearnerStat.LAG_PREFIX)
+                },
+            }
+            for name, hb in sorted(controller.heartbeats.items())
+        },
+    }
+
+
+def _resumed(monitor: TrainMonitor) -> dict[str, Any] | None:
+    """Where a resumed run continued from (its checkpoint and the counts then)."""
+    ckpt = monitor.resume
+    if ckpt is None:
+        return None
+    run = ckpt.run
+    return {
+        "checkpoint": str(ckpt.path),
+        "policy_version": ckpt.policy_version,
+        "env_steps": run.get("env_steps"),
+        "episodes": run.get("episodes"),
+        "elapsed_s": run.get("elapsed_s"),
+    }

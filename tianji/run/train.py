@@ -1,0 +1,125 @@
+"""``tianji train``: launch a planned run (locally or on Ray), watch it, and report."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any, TextIO
+
+from tianji.dashboard import launch_plan
+from tianji.launch.base import Launcher
+from tianji.launch.local import LocalLauncher
+from tianji.rl.config import RunConfig
+from tianji.run.plan import RunPlan, bind_addresses
+from tianji.run.recovery import restart_policy
+from tianji.runtime.errors import ConfigError
+
+__all__ = ["run_token", "train"]
+
+
+def train(
+    config: RunConfig,
+    *,
+    summary_path: str | None = None,
+    metrics_path: str | None = None,
+    out: TextIO = sys.stdout,
+    backend: str = "local",
+    dashboard: str | None = None,
+    resume: str | None = None,
+) -> dict[str, Any]:
+    """Run a training job to its end and return (and optionally write) its summary.
+
+    The run directory (``config.run_dir``, see :mod:`tianji.run.rundir`) gets the resolved
+    config, the metrics rows, TensorBoard event files and the summary.
+
+    Args:
+        config: the run config.
+        summary_path: also write the summary JSON here.
+        metrics_path: also write one JSON line of metrics per progress interval here.
+        out: where progress goes: a live table on a terminal, else plain lines.
+        backend: "local" (one process per service here) or "ray" (one Ray actor per
+            service, placed as ``config.ray`` says).
+        dashboard: serve the live dashboard at this ``HOST:PORT`` during the run.
+        resume: continue the run in this run directory from its newest checkpoint (learner
+            state, policy version, env steps, episodes); its records are appended to.
+
+    Raises:
+        ConfigError: before any process starts, for any bad setting.
+        CheckpointError: when ``resume`` holds no usable checkpoint.
+        ServiceFailed: if a service process fails.
+    """
+    plan = RunPlan.build(config, out, metrics_path, resume)
+    plan.dashboard = dashboard
+    launcher = _launcher(backend, plan)
+    with plan.recording():
+        started = time.monotonic()
+        with run_token():
+            reason = launch_plan(plan, launcher).reason
+        wall = time.monotonic() - started
+        return plan.finish(launcher.controller, reason, wall, summary_path, backend)
+
+
+def _launcher(backend: str, plan: RunPlan) -> Launcher:
+    """The launcher of ``backend`` for a planned run (checked before anything starts).
+
+    Raises:
+        ConfigError: for an unknown backend, Ray missing, or a transport Ray cannot carry.
+    """
+    config = plan.config
+    control_bind = bind_addresses(config.transport)[1]
+    if backend == "local":
+        launcher = LocalLauncher(
+            plan.specs,
+            until=plan.until,
+            in_process=config.transport == "inproc",
+            controller_bind=control_bind,
+            local_services=plan.local_services(control_bind),
+            progress=plan.progress,
+            progress_interval=2.0,
+            before_stop=plan.before_stop,
+            plugins=plan.controller_plugins(),
+        )
+        launcher.restarts = restart_policy(plan, launcher.controller, plan.out)
+        return launcher
+    if backend != "ray":
+        raise ConfigError("backend", backend, "local or ray")
+    if config.transport != "tcp":
+        raise ConfigError(
+            "transport",
+            config.transport,
+            "tcp with --backend ray (shm reaches one host, inproc one process)",
+        )
+    from tianji.launch.ray import RayLauncher
+
+    return RayLauncher(
+        plan.specs,
+        until=plan.until,
+        controller_bind=control_bind,
+        local_services=plan.local_services(control_bind),
+        progress=plan.progress,
+        progress_interval=2.0,
+        before_stop=plan.before_stop,
+        plugins=plan.controller_plugins(),
+        address=config.ray.address,
+        resources=config.ray,
+    )
+
+
+@contextlib.contextmanager
+def run_token() -> Iterator[str]:
+    """The run's secret token in ``TIANJI_TOKEN`` (inherited by every service process):
+    the caller's when set, else a fresh one for this run. Every TCP link proves it."""
+    given = os.environ.get("TIANJI_TOKEN")
+    if given:
+        yield given
+        return
+    token = secrets.token_hex(32)
+    os.environ["TIANJI_TOKEN"] = token
+    try:
+        yield token
+    finally:
+        os.environ.pop("TIANJI_TOKEN", None)
