@@ -53,7 +53,7 @@ each, most of it torch)."""
 
 @pytest.mark.slow
 def test_a_slow_on_policy_learner_pauses_the_actors_and_loses_nothing(tmp_path: Path) -> None:
-    s, rows = run(tmp_path, "cartpole_ppo", "SlowPPO", seconds=30)
+    s, rows = run(tmp_path, "cartpole_ppo", "SlowPPO", seconds=20)
     peaks = {n: v["max_rss_mb"] for n, v in s["services"].items()}
     assert set(peaks) >= {"params-0", "buffer-0", "learner-0", "actor-0", "actor-1"}, peaks
     assert all(0 < mb < RSS_BOUND_MB for mb in peaks.values()), peaks
@@ -82,7 +82,7 @@ def test_a_slow_replay_learner_holds_the_ratio_by_pausing_the_actors(tmp_path: P
     # The band is set here, not taken from the example (whose tuning may change): 2 +- 1.
     ratio = ("--set", "controller.replay_ratio=2.0", "--set", "controller.tolerance=1.0")
     s, rows = run(
-        tmp_path, "cartpole_dqn", "SlowDQN", *ratio, "--set", "algo.batch_size=128", seconds=20
+        tmp_path, "cartpole_dqn", "SlowDQN", *ratio, "--set", "algo.batch_size=128", seconds=15
     )
     ctl, books = s["controller"], s["accounting"]
     assert ctl["pause_s_total"] > 5, ctl
@@ -97,7 +97,7 @@ def test_a_slow_replay_learner_holds_the_ratio_by_pausing_the_actors(tmp_path: P
     assert all(0.9 <= x <= 3.1 for x in ratios[reached:]), ratios
     assert books["balanced"] and all(r["accounting"]["balanced"] for r in rows)
     # the learner was slow, not the buffer small: nothing was pushed out unconsumed
-    assert "evicted" not in books["dropped"], books
+    assert books["dropped"].get("evicted", 0) == 0, books
 
 
 def train_example(tmp_path: Path, config: str, *args: str, timeout: int = 300) -> dict:

@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+import tianji.run.train
+from tianji.cli import main
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 
@@ -47,12 +50,21 @@ def train(*args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
     ],
 )
 def test_bad_input_is_refused_before_any_process_starts(
-    config: str, args: list[str], named: str
+    config: str,
+    args: list[str],
+    named: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    result = train(str(EXAMPLES / f"{config}.toml"), *args, timeout=60)
-    assert result.returncode == 2, result.stdout + result.stderr
-    assert named in result.stderr
-    assert "env steps" not in result.stdout  # nothing ran
+    def no_launch(*_: object) -> None:
+        raise AssertionError("a launcher was built for a bad config")
+
+    monkeypatch.setattr(tianji.run.train, "_launcher", no_launch)  # nothing may start
+    monkeypatch.setenv("TIANJI_LOG_LEVEL", "WARNING")  # main() sets it for its children
+    code = main(["train", str(EXAMPLES / f"{config}.toml"), *args])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert named in err
 
 
 def test_a_missing_config_file_is_named() -> None:
