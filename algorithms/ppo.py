@@ -10,6 +10,9 @@ the actor-critic network, then the :class:`PPO` object the actor and learner ser
   recomputed with the current critic (``V(obs)`` and ``V(next_obs)``), so GAE bootstraps
   from the true next observation at truncations and fragment ends, and not at
   terminations.
+
+One file per algorithm is the project's rule (``docs/writing-an-algorithm.md``), so
+PPO's config, networks, GAE and update live here together (over 500 lines).
 """
 
 from __future__ import annotations

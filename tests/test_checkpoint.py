@@ -391,3 +391,24 @@ def _wait_for_updates(root: Path, at_least: int, timeout: float) -> tuple[Path, 
                 return metrics.parent, int(rows[-1]["learner_updates"])
         time.sleep(0.5)
     raise AssertionError(f"no run reached {at_least} learner updates in {timeout} s")
+
+
+def test_an_algorithm_without_state_dict_is_checkpointed_by_its_weights_with_one_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The example REINFORCE has no state_dict(): its learner says once that a resume will
+    restart the optimizer, and its checkpoints still carry the weights."""
+    from tianji.rl.config import EnvConfig, RunConfig, to_dict
+    from tianji.services.learner import LearnerService
+
+    reinforce = str(Path(__file__).resolve().parents[1] / "examples" / "reinforce.py")
+    cfg = RunConfig(
+        algorithm=f"{reinforce}:Reinforce", transport="inproc", env=EnvConfig(id="CartPole-v1")
+    )
+    learner = LearnerService("learner-0", config=to_dict(cfg))
+    with caplog.at_level("WARNING", logger="tianji.services.learner"):
+        first = learner._checkpoint_event()
+        learner._checkpoint_event()
+    warnings = [r.getMessage() for r in caplog.records if "state_dict" in r.getMessage()]
+    assert len(warnings) == 1 and "weights only" in warnings[0], warnings
+    assert set(unpack_state(first.state.tobytes())) == {"weights"}

@@ -8,7 +8,7 @@ import ast
 from layers import sources
 
 from tianji.rl import stats
-from tianji.runtime.service import ServiceStat
+from tianji.runtime.heartbeats import ServiceStat
 
 DECLARED = {
     value: f"{cls.__name__}.{attr}"
@@ -73,7 +73,7 @@ def test_every_shared_counter_name_is_declared_once() -> None:
     spelled = [
         f"{module}:{line} spells {value!r}: use stats.{DECLARED[value]}"
         for module, text in sources().items()
-        if module not in ("tianji.rl.stats", "tianji.runtime.service")
+        if module not in ("tianji.rl.stats", "tianji.runtime.heartbeats")
         for line, value in literal_uses(text)
     ]
     assert spelled == []

@@ -22,6 +22,8 @@ JSON). Env steps per second are over the time the actors ran (tianji) or the who
 
 from __future__ import annotations
 
+# Over 500 lines on purpose: one benchmark's runner, its cells and its report (the run
+# configs are the examples'; the SB3 side is tianji.bench.sb3).
 import dataclasses
 import json
 import os

@@ -129,14 +129,12 @@ class ServiceTask:
             self.service.stop(f"signal {sig.name}")
 
 
-class Launcher:
-    """Runs a graph of services to its end; subclasses place the services.
+@dataclasses.dataclass(slots=True, kw_only=True)
+class LaunchPlan:
+    """What a launcher runs and how: every launcher takes one (a run's is built by
+    :meth:`tianji.run.plan.RunPlan.launch_plan`).
 
-    The run ends when ``until(controller)`` holds, when a service dies (the others are
-    stopped and :class:`ServiceFailed` is raised), on SIGTERM / Ctrl-C, or on timeout. In
-    every case every service is stopped: Shutdown first, then SIGTERM, then SIGKILL.
-
-    Args:
+    Attributes:
         specs: the services to start.
         until: the run is complete when this holds (checked on every registry change).
         timeout: seconds after which the run is stopped and ``TimeoutError`` raised.
@@ -151,44 +149,67 @@ class Launcher:
         before_stop: awaited (with the reason, at most ``grace`` seconds) before a run that
             ends cleanly (complete, SIGTERM, Ctrl-C once running) is stopped, while every
             service still runs: e.g. take a last checkpoint.
-        restarts: start dead services again (see :class:`RestartPolicy`); without it, any
-            death ends the run.
+        restarts: start dead services again: a :class:`RestartPolicy`, or
+            ``f(controller) -> RestartPolicy`` for a policy that reads the run's controller;
+            without it, any death ends the run.
+    """
+
+    specs: Sequence[ServiceSpec]
+    until: Until
+    timeout: float | None = None
+    controller_bind: str = "tcp://127.0.0.1:0"
+    progress: Progress | None = None
+    progress_interval: float = 2.0
+    grace: float = 10.0
+    options: ServiceOptions | None = None
+    local_services: Callable[[str], Sequence[Service]] | None = None
+    plugins: Sequence[ControllerPlugin] = ()
+    before_stop: BeforeStop | None = None
+    restarts: RestartPolicy | Callable[[Controller], RestartPolicy] | None = None
+
+
+class Launcher:
+    """Runs a graph of services to its end; subclasses place the services.
+
+    The run ends when ``until(controller)`` holds, when a service dies (the others are
+    stopped and :class:`ServiceFailed` is raised), on SIGTERM / Ctrl-C, or on timeout. In
+    every case every service is stopped: Shutdown first, then SIGTERM, then SIGKILL.
+
+    Args:
+        plan: what to run and how (:class:`LaunchPlan`); or, for short scripts and tests,
+            the specs, with the plan's other fields as keyword arguments
+            (``LocalLauncher(specs, until=..., timeout=...)``).
 
     Raises:
         ConfigError: if two specs share a name.
     """
 
-    def __init__(
-        self,
-        specs: Sequence[ServiceSpec],
-        *,
-        until: Until,
-        timeout: float | None = None,
-        controller_bind: str = "tcp://127.0.0.1:0",
-        progress: Progress | None = None,
-        progress_interval: float = 2.0,
-        grace: float = 10.0,
-        options: ServiceOptions | None = None,
-        local_services: Callable[[str], Sequence[Service]] | None = None,
-        plugins: Sequence[ControllerPlugin] = (),
-        before_stop: BeforeStop | None = None,
-        restarts: RestartPolicy | None = None,
-    ) -> None:
-        names = [s.name for s in specs]
+    def __init__(self, plan: LaunchPlan | Sequence[ServiceSpec], **fields: Any) -> None:
+        if not isinstance(plan, LaunchPlan):
+            plan = LaunchPlan(specs=plan, **fields)
+        elif fields:
+            raise TypeError(f"a LaunchPlan and keyword arguments {sorted(fields)}: give one")
+        names = [s.name for s in plan.specs]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ConfigError("services", dupes, "unique service names")
-        self.specs = list(specs)
-        self.until = until
-        self.timeout = timeout
-        self.progress = progress
-        self.progress_interval = progress_interval
-        self.grace = grace
-        self.controller = Controller(bind=controller_bind, options=options, plugins=plugins)
+        self.plan = plan
+        self.specs = list(plan.specs)
+        self.until = plan.until
+        self.timeout = plan.timeout
+        self.progress = plan.progress
+        self.progress_interval = plan.progress_interval
+        self.grace = plan.grace
+        self.controller = Controller(
+            bind=plan.controller_bind, options=plan.options, plugins=plan.plugins
+        )
         self.children: dict[str, Handle] = {}
-        self.local_services = local_services
-        self.before_stop = before_stop
-        self.restarts = restarts
+        self.local_services = plan.local_services
+        self.before_stop = plan.before_stop
+        restarts = plan.restarts
+        if restarts is not None and not isinstance(restarts, RestartPolicy):
+            restarts = restarts(self.controller)
+        self.restarts: RestartPolicy | None = restarts
         self._killed: dict[str, str] = {}  # declared dead and killed by us: why
 
     # ------------------------------------------------------------------ for subclasses

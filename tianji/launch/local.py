@@ -28,6 +28,7 @@ from typing import Any, TextIO
 from tianji.launch.base import (
     Handle,
     Launcher,
+    LaunchPlan,
     LaunchResult,
     Progress,
     ServiceTask,
@@ -66,17 +67,21 @@ class LocalLauncher(Launcher):
     """See the module docstring; the watch and stop logic is :class:`Launcher`'s.
 
     Args:
-        specs: the services to start, one process each.
+        plan: the services to start (one process each) and how: a
+            :class:`~tianji.launch.base.LaunchPlan`, or the specs and its fields as keyword
+            arguments (as for :class:`~tianji.launch.base.Launcher`).
         in_process: run every service as a task in this loop instead of a process each
             (with ``inproc://`` binds this is the one-process debugging mode).
-        until, timeout, controller_bind, progress, progress_interval, grace, options,
-            local_services, plugins: as for :class:`~tianji.launch.base.Launcher`.
     """
 
     def __init__(
-        self, specs: Sequence[ServiceSpec], *, in_process: bool = False, **common: Any
+        self,
+        plan: LaunchPlan | Sequence[ServiceSpec],
+        *,
+        in_process: bool = False,
+        **fields: Any,
     ) -> None:
-        super().__init__(specs, **common)
+        super().__init__(plan, **fields)
         self.in_process = in_process
 
     async def _spawn(self, spec: ServiceSpec) -> Handle:

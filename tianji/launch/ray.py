@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
-from tianji.launch.base import Handle, Launcher
+from tianji.launch.base import Handle, Launcher, LaunchPlan
 from tianji.launch.spec import ServiceSpec, build_service
 from tianji.rl.config import RayConfig
 from tianji.runtime.errors import ConfigError, ServiceFailed
@@ -203,13 +203,13 @@ class RayLauncher(Launcher):
     """See the module docstring; the watch and stop logic is :class:`Launcher`'s.
 
     Args:
-        specs: the services to start, one Ray actor each; their binds must be ``tcp://``.
+        plan: the services to start (one Ray actor each; their binds must be ``tcp://``)
+            and how: a :class:`~tianji.launch.base.LaunchPlan`, or the specs and its
+            fields as keyword arguments.
         address: the Ray cluster to join; ``None``: the Ray already initialized in this
             process, else ``RAY_ADDRESS``, else a local Ray started for the run.
         resources: CPUs and GPUs per role (:func:`role_of`); defaults to ``RayConfig()``.
         placement_timeout: seconds every actor gets to be placed and started.
-        until, timeout, controller_bind, progress, progress_interval, grace, options,
-            local_services, plugins: as for :class:`~tianji.launch.base.Launcher`.
 
     Raises:
         ConfigError: if Ray is not installed, or a spec does not bind ``tcp://``.
@@ -217,14 +217,15 @@ class RayLauncher(Launcher):
 
     def __init__(
         self,
-        specs: Sequence[ServiceSpec],
+        plan: LaunchPlan | Sequence[ServiceSpec],
         *,
         address: str | None = None,
         resources: RayConfig | None = None,
         placement_timeout: float = 120.0,
-        **common: Any,
+        **fields: Any,
     ) -> None:
         self._ray = import_ray()
+        specs = plan.specs if isinstance(plan, LaunchPlan) else plan
         for spec in specs:
             if not spec.bind.startswith("tcp://"):
                 raise ConfigError(
@@ -233,7 +234,7 @@ class RayLauncher(Launcher):
                     "a tcp:// address (Ray runs each service in its own process, maybe on "
                     "another host: shm and inproc cannot reach it)",
                 )
-        super().__init__(specs, **common)
+        super().__init__(plan, **fields)
         self.address = address
         self.resources = resources or RayConfig()
         self.placement_timeout = placement_timeout

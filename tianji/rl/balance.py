@@ -39,6 +39,10 @@ The service shell is :class:`tianji.runtime.controller.Balancer`: it builds an
 differences as command events (``GrantProduction`` to on-policy producers,
 ``PauseProduction`` / ``ResumeProduction`` to off-policy producers,
 ``GrantConsumption`` to learners).
+
+Its size (over 500 lines, a third of them docstrings) is on purpose: the two regimes
+(the replay band, production grants) share one observation, one decision type and the
+invariants written here; split, those invariants would be spread over files.
 """
 
 from __future__ import annotations

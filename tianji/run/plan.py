@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
+from tianji.launch.base import LaunchPlan
 from tianji.launch.spec import ServiceSpec
 from tianji.rl.algorithm import BufferSpec
 from tianji.rl.balance import balance_config
@@ -26,6 +27,7 @@ from tianji.rl.stats import LearnerStat
 from tianji.rl.topics import buffer_name, learner_name
 from tianji.run import progress as _progress
 from tianji.run.progress import RunFacts, Snapshot, take_snapshot
+from tianji.run.recovery import restart_policy
 from tianji.run.rundir import RunDirectory, RunRecorder, resume_point, write_json_atomic
 from tianji.run.summary import summarize
 from tianji.runtime.controller import Controller
@@ -133,6 +135,21 @@ class RunPlan:
     def controller_plugins(self) -> list[Balancer]:
         """What the run's controller runs beside its registry: the balancer."""
         return [Balancer(self.balance)]
+
+    def launch_plan(self, controller_bind: str) -> LaunchPlan:
+        """What a launcher needs to run this plan, with its controller at
+        ``controller_bind`` (the same for every backend)."""
+        return LaunchPlan(
+            specs=self.specs,
+            until=self.until,
+            controller_bind=controller_bind,
+            local_services=self.local_services(controller_bind),
+            progress=self.progress,
+            progress_interval=2.0,
+            before_stop=self.before_stop,
+            plugins=self.controller_plugins(),
+            restarts=lambda controller: restart_policy(self, controller, self.out),
+        )
 
     @classmethod
     def build(

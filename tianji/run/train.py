@@ -15,7 +15,6 @@ from tianji.launch.base import Launcher
 from tianji.launch.local import LocalLauncher
 from tianji.rl.config import RunConfig
 from tianji.run.plan import RunPlan, bind_addresses
-from tianji.run.recovery import restart_policy
 from tianji.runtime.errors import ConfigError
 
 __all__ = ["run_token", "train"]
@@ -71,20 +70,9 @@ def _launcher(backend: str, plan: RunPlan) -> Launcher:
     """
     config = plan.config
     control_bind = bind_addresses(config.transport)[1]
+    launch = plan.launch_plan(control_bind)
     if backend == "local":
-        launcher = LocalLauncher(
-            plan.specs,
-            until=plan.until,
-            in_process=config.transport == "inproc",
-            controller_bind=control_bind,
-            local_services=plan.local_services(control_bind),
-            progress=plan.progress,
-            progress_interval=2.0,
-            before_stop=plan.before_stop,
-            plugins=plan.controller_plugins(),
-        )
-        launcher.restarts = restart_policy(plan, launcher.controller, plan.out)
-        return launcher
+        return LocalLauncher(launch, in_process=config.transport == "inproc")
     if backend != "ray":
         raise ConfigError("backend", backend, "local or ray")
     if config.transport != "tcp":
@@ -95,18 +83,8 @@ def _launcher(backend: str, plan: RunPlan) -> Launcher:
         )
     from tianji.launch.ray import RayLauncher
 
-    return RayLauncher(
-        plan.specs,
-        until=plan.until,
-        controller_bind=control_bind,
-        local_services=plan.local_services(control_bind),
-        progress=plan.progress,
-        progress_interval=2.0,
-        before_stop=plan.before_stop,
-        plugins=plan.controller_plugins(),
-        address=config.ray.address,
-        resources=config.ray,
-    )
+    launch.restarts = None  # Ray places the actors; tianji's restarts are local only
+    return RayLauncher(launch, address=config.ray.address, resources=config.ray)
 
 
 @contextlib.contextmanager

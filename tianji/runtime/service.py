@@ -1,4 +1,6 @@
-"""The service runtime: lifecycle, brokerless pub/sub, controller link, heartbeats.
+"""The service runtime: lifecycle and brokerless pub/sub (the service's side of it; its
+subscriptions are :mod:`tianji.runtime.links`, its controller link and heartbeats
+:mod:`tianji.runtime.heartbeats`).
 
 A service binds its own listener, registers it with the controller together with the
 topics it publishes, and asks the controller who publishes the topics it subscribes to;
@@ -26,6 +28,10 @@ that is slow stops its link from reading, so a slow consumer slows its producers
 instead of growing queues. Nothing is dropped silently: events published to a topic
 nobody subscribes to, lost subscribers and bad frames are all counted in
 :attr:`Service.counters` and reported in heartbeats.
+
+Over 500 lines: the base class every service extends keeps its lifecycle, publishing
+and serving in one place; its subscriptions and its controller link are apart
+(:mod:`tianji.runtime.links`, :mod:`tianji.runtime.heartbeats`).
 """
 
 from __future__ import annotations
@@ -36,11 +42,10 @@ import contextlib
 import dataclasses
 import logging
 import os
-import resource
 import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from typing import Any, ClassVar, Final, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from tianji.runtime import plugins
 from tianji.runtime.codec import Codec
@@ -49,52 +54,22 @@ from tianji.runtime.errors import BadFrame, EndOfStream, ServiceFailed, TianjiEr
 from tianji.runtime.events import (
     Event,
     Heartbeat,
-    PublishersChanged,
-    RegisterService,
-    ServiceRegistered,
-    Shutdown,
     Subscribe,
     WatchTopics,
     event_type_of_topic,
     topic,
 )
+from tianji.runtime.heartbeats import ControllerLink, ServiceStat, memory_gauges
+from tianji.runtime.links import CONTROL, Subscriptions, _Link
 
-__all__ = ["Handler", "Service", "ServiceOptions"]
+__all__ = ["CONTROL", "Handler", "Service", "ServiceOptions", "ServiceStat"]
 
 log = logging.getLogger("tianji.service")
 
 
-class ServiceStat:
-    """The counters and gauges every service reports, read by others (the launcher's
-    progress line, the run summary): declared here once (``tests/test_stats_contract.py``);
-    the RL roles' own are in :mod:`tianji.rl.stats`."""
-
-    RECEIVED: Final = "received"
-    """Events received from publishers and on links."""
-    PUBLISHED: Final = "published"
-    """Events sent to subscribers."""
-    RSS_MB: Final = "rss_mb"
-    MAX_RSS_MB: Final = "max_rss_mb"
-
-
 E = TypeVar("E", bound=Event)
 Handler = Callable[[E], Awaitable[None]]
-CONTROL = ""  # topic of requests/replies on a link (not pub/sub)
 _YIELD_EVERY = 32
-
-
-def _memory_gauges() -> dict[str, float]:
-    """This process's resident memory now and at its peak, in MiB: ``VmRSS`` and ``VmHWM``
-    of /proc/self/status (Linux; ``ru_maxrss`` elsewhere, which after a fork + exec may
-    still hold the parent's peak)."""
-    try:
-        with open("/proc/self/status", "rb") as f:
-            fields = dict(line.split(b":", 1) for line in f.read().splitlines() if b":" in line)
-        now = int(fields[b"VmRSS"].split()[0]) / 1024
-        peak = int(fields[b"VmHWM"].split()[0]) / 1024
-    except (OSError, KeyError, ValueError):
-        peak = now = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {ServiceStat.RSS_MB: round(now, 1), ServiceStat.MAX_RSS_MB: round(peak, 1)}
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -125,18 +100,7 @@ def _topic_name(t: str | type[Event]) -> str:
     return t if isinstance(t, str) else topic(t)
 
 
-class _Link:
-    """A subscription link to one publisher address."""
-
-    def __init__(self, address: str) -> None:
-        self.address = address
-        self.topics: set[str] = set()
-        self.conn: Connection | None = None
-        self.task: asyncio.Task[None] | None = None
-        self.retired = False  # publisher left the registry: read to the end, do not reconnect
-
-
-class Service:
+class Service(ControllerLink, Subscriptions):
     """Base class of every tianji service; see the module docstring for usage.
 
     Args:
@@ -346,7 +310,7 @@ class Service:
             role=self.role,
             state=self._state.value,
             counters=dict(self.counters),
-            gauges={**self.gauges, **_memory_gauges()},
+            gauges={**self.gauges, **memory_gauges()},
             queue_depths=self.queue_depths(),
             sent_at=time.time(),
         )
@@ -592,160 +556,6 @@ class Service:
                 conns.discard(conn)
             self._notify()
             await self.on_peer_closed(conn)
-
-    # ------------------------------------------------------------------ subscribing
-    def _link_to(self, address: str, topics: set[str]) -> None:
-        link = self._links.get(address)
-        if link is None or link.retired:
-            link = _Link(address)
-            self._links[address] = link
-        new = topics - link.topics
-        link.topics |= topics
-        if link.task is None:
-            link.task = self._spawn(self._link_loop(link))
-        elif new and link.conn is not None:
-            conn = link.conn
-            self._spawn(self._send_quietly(conn, Subscribe(topics=tuple(sorted(new)))))
-
-    def _set_publishers(self, name: str, addresses: Sequence[str]) -> None:
-        if self._stopping.is_set():  # draining: no new links
-            return
-        wanted = set(addresses) - {self.address, self.local_address}
-        for address in wanted:
-            self._link_to(address, {name})
-        for address, link in list(self._links.items()):
-            if address not in wanted and name in link.topics:
-                link.topics.discard(name)
-                if not link.topics:
-                    link.retired = True  # read what is still in flight, then end
-                    del self._links[address]
-
-    async def _link_loop(self, link: _Link) -> None:
-        delay = self.options.reconnect_min
-        transport = plugins.transport_for(link.address)
-        while not link.retired:
-            try:
-                conn = await transport.connect(link.address, limits=self.options.limits)
-            except (TianjiError, OSError) as exc:
-                self.counters["link_connect_failures"] += 1
-                log.debug("%s: cannot reach %s: %s", self.name, link.address, str(exc))
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.options.reconnect_max)
-                continue
-            link.conn = conn
-            try:
-                await conn.send(self._frames(Subscribe(topics=tuple(sorted(link.topics))), CONTROL))
-                delay = self.options.reconnect_min
-                while True:
-                    frames = await conn.recv()
-                    name, ev = self._decode(frames, conn.peer)
-                    self.counters[ServiceStat.RECEIVED] += 1
-                    for handler in self._handlers.get(name, ()):
-                        await handler(ev)
-            except BadFrame as exc:
-                self.counters["bad_frames"] += 1
-                log.warning("%s: dropping link to %s: %s", self.name, link.address, str(exc))
-            except TianjiError as exc:
-                log.info("%s: link to %s ended: %s", self.name, link.address, str(exc))
-            finally:
-                link.conn = None
-                conn.abort()
-            if not link.retired:
-                self.counters["link_reconnects"] += 1
-                await asyncio.sleep(delay)
-        link.task = None
-
-    # ------------------------------------------------------------------ controller link
-    def _registration(self) -> RegisterService:
-        return RegisterService(
-            name=self.name,
-            role=self.role,
-            address=self.address,
-            publishes=tuple(sorted(self._publishes)),
-            host=socket.gethostname(),
-            pid=os.getpid(),
-            local_address=self.local_address,
-            locality=self.locality,
-            run_digest=self.run_digest,
-        )
-
-    async def _controller_loop(self) -> None:
-        assert self.controller_address is not None
-        transport = plugins.transport_for(self.controller_address)
-        delay = self.options.reconnect_min
-        lost_at = time.monotonic()
-        while True:
-            try:
-                conn = await transport.connect(self.controller_address, limits=self.options.limits)
-            except (TianjiError, OSError) as exc:
-                if time.monotonic() - lost_at > self.options.controller_grace:
-                    self.fail(f"controller {self.controller_address} unreachable: {exc}")
-                    return
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.options.reconnect_max)
-                continue
-            self._controller_conn = conn
-            try:
-                await conn.send(self._frames(self._registration(), CONTROL))
-                self._watch_pending = set(self._handlers)
-                await conn.send(self._frames(WatchTopics(topics=tuple(self._handlers)), CONTROL))
-                delay = self.options.reconnect_min
-                while True:
-                    _, ev = self._decode(await conn.recv(), conn.peer)
-                    await self._on_controller_event(ev)
-            except TianjiError as exc:
-                if self._stopping.is_set():
-                    return
-                log.warning("%s: controller link lost: %s", self.name, str(exc))
-            finally:
-                self._controller_conn = None
-                conn.abort()
-            lost_at = time.monotonic()
-            self._registered.clear()
-
-    async def _on_controller_event(self, ev: Event) -> None:
-        if isinstance(ev, PublishersChanged):
-            self._set_publishers(ev.topic, ev.addresses)
-            self._watch_pending.discard(ev.topic)
-            self._check_ready()
-        elif isinstance(ev, ServiceRegistered):
-            self.run_id = ev.run_id
-            self._registered.set()
-            self._check_ready()
-        elif isinstance(ev, Shutdown):
-            self.stop(ev.reason)
-        else:
-            await self.on_control(ev)
-
-    def report_soon(self) -> None:
-        """Send a heartbeat as soon as ``options.report_interval`` allows (not only every
-        ``heartbeat_interval``): services call it when counters the controller balances on
-        have changed, so its decisions follow the run closely."""
-        self._report_wanted.set()
-
-    async def _heartbeat_loop(self) -> None:
-        last = 0.0
-        loop = asyncio.get_running_loop()
-        while True:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.options.heartbeat_interval):
-                    await self._report_wanted.wait()
-            gap = self.options.report_interval - (loop.time() - last)
-            if gap > 0:
-                await asyncio.sleep(gap)
-            self._report_wanted.clear()
-            last = loop.time()
-            conn = self._controller_conn
-            if conn is None:
-                continue
-            try:
-                conn.send_nowait(self._frames(self.heartbeat(), CONTROL))
-                self.counters["heartbeats_sent"] += 1
-            except TianjiError:
-                # The link is full (or breaking): try again after report_interval rather than
-                # a whole heartbeat_interval later; the controller balances on these reports.
-                self.counters["heartbeats_skipped"] += 1
-                self._report_wanted.set()
 
 
 def advertised(address: str, host: str | None) -> str:

@@ -27,7 +27,13 @@ import numpy as np
 
 from tianji.rl.algorithm import SupportsGradientSync
 from tianji.rl.balance import LagStats, publish_every
-from tianji.rl.checkpoint import algorithm_state, pack_state, restore_algorithm, unpack_state
+from tianji.rl.checkpoint import (
+    SupportsCheckpoint,
+    algorithm_state,
+    pack_state,
+    restore_algorithm,
+    unpack_state,
+)
 from tianji.rl.events import (
     BatchRequested,
     CheckpointTaken,
@@ -131,6 +137,7 @@ class LearnerService(Service):
         self.requested_from = dict.fromkeys(self.shards, 0)  # ... per buffer shard
         self.received_from = dict.fromkeys(self.shards, 0)  # batches got from each shard
         self._held = 0  # samples received and not yet consumed or dropped (queued, training)
+        self._warned_weights_only = False
         self.gauges[LearnerStat.HELD_SAMPLES] = 0.0
         self.gauges[LearnerStat.WAITING_S] = 0.0  # for the controller's consumption grant
         self.gauges[LearnerStat.IDLE_S] = 0.0  # for a batch (none buffered)
@@ -249,6 +256,15 @@ class LearnerService(Service):
 
     def _checkpoint_event(self) -> CheckpointTaken:
         """The algorithm's whole state, packed, at the current policy version."""
+        if not isinstance(self.algo, SupportsCheckpoint) and not self._warned_weights_only:
+            self._warned_weights_only = True
+            log.warning(
+                "%s: algorithm %r has no state_dict()/load_state_dict(): its checkpoints keep "
+                "the weights only, and a resumed run restarts its optimizer from zero "
+                "(docs/writing-an-algorithm.md)",
+                self.name,
+                self.config.algorithm,
+            )
         state = np.frombuffer(pack_state(algorithm_state(self.algo)), np.uint8)
         return CheckpointTaken(policy_version=self.version, state=state)
 

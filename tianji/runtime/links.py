@@ -1,0 +1,124 @@
+"""A service's subscriptions: one link per publisher address, made, kept and retired as the
+controller reports who publishes what (:class:`Subscriptions`, a mixin of
+:class:`~tianji.runtime.service.Service`)."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import Coroutine, Sequence
+from typing import Any, Protocol
+
+from tianji.runtime import plugins
+from tianji.runtime.core import Connection
+from tianji.runtime.errors import BadFrame, TianjiError
+from tianji.runtime.events import Event, Subscribe
+from tianji.runtime.heartbeats import CONTROL, ServiceStat
+
+__all__ = ["CONTROL", "Subscriptions"]
+
+log = logging.getLogger("tianji.service")
+
+
+class _Link:
+    """A subscription link to one publisher address."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.topics: set[str] = set()
+        self.conn: Connection | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.retired = False  # publisher left the registry: read to the end, do not reconnect
+
+
+class _Linked(Protocol):
+    """What a service's subscriptions use of the service (see :class:`Service`)."""
+
+    name: str
+    address: str
+    local_address: str
+    options: Any
+    counters: collections.Counter[str]
+    _links: dict[str, _Link]
+    _handlers: dict[str, list[Any]]
+    _stopping: asyncio.Event
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]: ...
+
+    def _frames(self, ev: Event, topic_name: str) -> list[bytes | bytearray | memoryview]: ...
+
+    def _decode(self, frames: list[memoryview], peer: str) -> tuple[str, Event]: ...
+
+    async def _send_quietly(self, conn: Connection | None, ev: Event) -> None: ...
+
+    def _link_to(self: _Linked, address: str, topics: set[str]) -> None: ...
+
+    async def _link_loop(self: _Linked, link: _Link) -> None: ...
+
+
+class Subscriptions:
+    """Links to the publishers of the topics a service subscribes to: one per address,
+    reconnected with backoff while the publisher is registered, read to the end and dropped
+    once it left."""
+
+    def _link_to(self: _Linked, address: str, topics: set[str]) -> None:
+        link = self._links.get(address)
+        if link is None or link.retired:
+            link = _Link(address)
+            self._links[address] = link
+        new = topics - link.topics
+        link.topics |= topics
+        if link.task is None:
+            link.task = self._spawn(self._link_loop(link))
+        elif new and link.conn is not None:
+            conn = link.conn
+            self._spawn(self._send_quietly(conn, Subscribe(topics=tuple(sorted(new)))))
+
+    def _set_publishers(self: _Linked, name: str, addresses: Sequence[str]) -> None:
+        if self._stopping.is_set():  # draining: no new links
+            return
+        wanted = set(addresses) - {self.address, self.local_address}
+        for address in wanted:
+            self._link_to(address, {name})
+        for address, link in list(self._links.items()):
+            if address not in wanted and name in link.topics:
+                link.topics.discard(name)
+                if not link.topics:
+                    link.retired = True  # read what is still in flight, then end
+                    del self._links[address]
+
+    async def _link_loop(self: _Linked, link: _Link) -> None:
+        delay = self.options.reconnect_min
+        transport = plugins.transport_for(link.address)
+        while not link.retired:
+            try:
+                conn = await transport.connect(link.address, limits=self.options.limits)
+            except (TianjiError, OSError) as exc:
+                self.counters["link_connect_failures"] += 1
+                log.debug("%s: cannot reach %s: %s", self.name, link.address, str(exc))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.options.reconnect_max)
+                continue
+            link.conn = conn
+            try:
+                await conn.send(self._frames(Subscribe(topics=tuple(sorted(link.topics))), CONTROL))
+                delay = self.options.reconnect_min
+                while True:
+                    frames = await conn.recv()
+                    name, ev = self._decode(frames, conn.peer)
+                    self.counters[ServiceStat.RECEIVED] += 1
+                    for handler in self._handlers.get(name, ()):
+                        await handler(ev)
+            except BadFrame as exc:
+                self.counters["bad_frames"] += 1
+                log.warning("%s: dropping link to %s: %s", self.name, link.address, str(exc))
+            except TianjiError as exc:
+                log.info("%s: link to %s ended: %s", self.name, link.address, str(exc))
+            finally:
+                link.conn = None
+                conn.abort()
+            if not link.retired:
+                self.counters["link_reconnects"] += 1
+                await asyncio.sleep(delay)
+        link.task = None
