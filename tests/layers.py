@@ -28,7 +28,9 @@ ALLOWED: dict[str, frozenset[str]] = {
     "run": frozenset(
         {"root", "runtime", "rl", "algorithms", "transports", "services", "launch", "dashboard"}
     ),
-    "bench": frozenset({"root", "runtime", "rl", "transports", "services", "launch", "run"}),
+    "bench": frozenset(
+        {"root", "runtime", "rl", "algorithms", "transports", "services", "launch", "run"}
+    ),
     "cli": frozenset(
         {
             "root",

@@ -222,3 +222,45 @@ def test_several_actor_counts_get_a_cell_and_a_ratio_each() -> None:
     table = markdown({"aggregate": agg, "machine": machine, "seeds": [0], "command": "c"})
     assert "| ppo | relaxed | 8 | 1/1 | 10.0 (10.0-10.0)" in table
     assert "| ppo | relaxed | 8 | 1.50 | 0.00 |" in table
+
+
+@pytest.mark.parametrize("algo", ["ppo", "dqn"])
+def test_update_ms_runs_the_delayed_algorithm_whose_updates_wait(algo: str) -> None:
+    import time
+
+    import numpy as np
+
+    from tianji.services.common import make_algorithm
+
+    data = run_config(algo, "relaxed", 0, 10.0, update_ms=60.0)
+    assert data["algorithm"].startswith("tianji.bench.algos:Delayed")
+    config: RunConfig = build_dataclass(RunConfig, data, "")
+    algorithm = make_algorithm(config, seed=0, device="cpu")
+    assert algorithm.config.update_ms == 60.0
+    rng = np.random.default_rng(0)
+    fragment = {
+        "obs": rng.standard_normal((16, 4, 4), dtype=np.float32),
+        "next_obs": rng.standard_normal((16, 4, 4), dtype=np.float32),
+        "action": rng.integers(0, 2, (16, 4)),
+        "reward": np.ones((16, 4), np.float32),
+        "terminated": np.zeros((16, 4), bool),
+        "truncated": np.zeros((16, 4), bool),
+    }
+    extras = algorithm.act(fragment["obs"].reshape(-1, 4), explore=True)  # e.g. log-probs
+    fragment |= {k: v.reshape(16, 4, *v.shape[1:]) for k, v in extras.items() if k != "action"}
+    batch = algorithm.postprocess(fragment)
+    if algo == "dqn":
+        batch = {k: v[:32] for k, v in batch.items()} | {"weight": np.ones(32, np.float32)}
+    started = time.perf_counter()
+    algorithm.update(batch)
+    assert time.perf_counter() - started >= 0.06  # the wait comes on top of the math
+
+
+def test_a_negative_update_delay_is_refused_naming_it() -> None:
+    data = run_config("ppo", "relaxed", 0, 10.0, update_ms=1.0)
+    data["algo"]["update_ms"] = -5
+    config: RunConfig = build_dataclass(RunConfig, data, "")
+    from tianji.services.common import make_algorithm
+
+    with pytest.raises(ConfigError, match="algo.update_ms"):
+        make_algorithm(config, seed=0, device="cpu")

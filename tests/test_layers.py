@@ -94,6 +94,6 @@ def test_a_planted_cycle_is_reported(modules: dict[str, str]) -> None:
     planted["tianji.run.recovery"] = (
         "from typing import TYPE_CHECKING\n"
         "if TYPE_CHECKING:\n"
-        "    from tianji.run.train import train\n" + modules["tianji.run.recovery"]
+        "    from tianji.run.plan import RunPlan\n" + modules["tianji.run.recovery"]
     )
-    assert ["tianji.run.recovery", "tianji.run.train"] in cycles(planted)
+    assert ["tianji.run.plan", "tianji.run.recovery"] in cycles(planted)

@@ -9,7 +9,9 @@ time-to-target, env steps to target, env steps per second and final return, and 
 ratios tianji/SB3 and relaxed/sync, and a second table of where each mode spent its time
 (stale and evicted samples, actor pause, learner idle and busy time); ``--out DIR`` also
 writes ``train.json`` and ``train.md``. ``--actors 1,2,4,...`` repeats every run for each
-actor count (the controller at scale); ``--env-step-ms X`` makes every env step take X ms
+actor count (the controller at scale); ``--update-ms X`` makes every learner update wait X
+ms more (:mod:`tianji.bench.algos`: a learner on an accelerator); ``--env-step-ms X`` makes
+every env step take X ms
 more (:class:`tianji.bench.envs.DelayedEnv`: an expensive env, where what relaxing the
 actor/learner dependency buys shows even on a small machine; SB3 is not run then).
 
@@ -111,6 +113,7 @@ class Plan:
     actors: tuple[int | None, ...] = (None,)
     """Actor counts to run (``None``: the example's)."""
     env_step_ms: float = 0.0
+    update_ms: float = 0.0
 
     def runs(self) -> list[tuple[int, str, str, int | None]]:
         """(seed, algo, system, actors), interleaved; the system order rotates with the
@@ -135,9 +138,11 @@ def run_config(
     max_seconds: float,
     actors: int | None = None,
     env_step_ms: float = 0.0,
+    update_ms: float = 0.0,
 ) -> dict[str, Any]:
     """The tianji run config (as data) of one benchmark run: the example's, with
-    ``actors`` actor processes and every env step ``env_step_ms`` ms longer if given."""
+    ``actors`` actor processes, every env step ``env_step_ms`` ms longer and every learner
+    update ``update_ms`` ms longer (:mod:`tianji.bench.algos`) if given."""
     data: dict[str, Any] = json.loads(json.dumps(CONFIGS[algo]))
     data["seed"] = seed
     data["controller"]["mode"] = mode
@@ -149,6 +154,11 @@ def run_config(
             "id": "tianji.bench.envs:DelayedEnv",
             "kwargs": {"env_id": env_id, "step_ms": env_step_ms},
         }
+    if update_ms > 0:
+        from tianji.bench.algos import DELAYED
+
+        data["algorithm"] = DELAYED[algo]
+        data["algo"]["update_ms"] = update_ms
     if mode == "sync" and algo == "ppo":  # the learner's batch: one fragment per actor
         data["algo"]["fragments_per_batch"] = data["actors"]["count"]
         capacity = data["algo"].get("buffer_capacity", 8)
@@ -164,6 +174,7 @@ def _run_one(
     max_seconds: float,
     actors: int | None = None,
     env_step_ms: float = 0.0,
+    update_ms: float = 0.0,
 ) -> dict[str, Any]:
     if system == "sb3":
         cmd = [sys.executable, "-m", "tianji.bench.sb3", algo, "--seed", str(seed)]
@@ -171,7 +182,8 @@ def _run_one(
         stdin = None
     else:
         cmd = [sys.executable, "-m", "tianji.bench.train", "--worker"]
-        stdin = json.dumps(run_config(algo, system, seed, max_seconds, actors, env_step_ms))
+        data = run_config(algo, system, seed, max_seconds, actors, env_step_ms, update_ms)
+        stdin = json.dumps(data)
     launched = time.time()
     proc = subprocess.run(
         cmd,
@@ -397,6 +409,8 @@ def markdown(report: dict[str, Any]) -> str:
     m = report["machine"]
     delay = report.get("env_step_ms") or 0
     env = f"; every env step {delay:g} ms longer (DelayedEnv)" if delay else ""
+    update = report.get("update_ms") or 0
+    env += f"; every update {update:g} ms longer (tianji.bench.algos)" if update else ""
     lines += [
         "",
         f"Machine: {m['cpus']} CPUs ({m['cpu']}), Python {m['python']}, torch {m['torch']}, "
@@ -416,11 +430,13 @@ def run_bench(
     command: str,
     actors: tuple[int | None, ...] = (None,),
     env_step_ms: float = 0.0,
+    update_ms: float = 0.0,
 ) -> dict[str, Any]:
     """Run the plan, printing progress to stderr; return (and write) the report."""
-    if env_step_ms > 0 and "sb3" in systems:
+    if (env_step_ms > 0 or update_ms > 0) and "sb3" in systems:
         print(
-            "tianji bench train: --env-step-ms slows tianji's envs only; SB3 runs are skipped",
+            "tianji bench train: --env-step-ms / --update-ms slow tianji's runs only; SB3 runs "
+            "are skipped",
             file=sys.stderr,
         )
         systems = tuple(s for s in systems if s != "sb3")
@@ -432,7 +448,7 @@ def run_bench(
             file=sys.stderr,
         )
         systems = tuple(s for s in systems if s != "sb3")
-    plan = Plan(algos, systems, seeds, max_seconds, actors, env_step_ms)
+    plan = Plan(algos, systems, seeds, max_seconds, actors, env_step_ms, update_ms)
     runs = plan.runs()
     results = []
     started = time.monotonic()
@@ -441,7 +457,7 @@ def run_bench(
         print(
             f"[{i}/{len(runs)}] {algo} {system}{who} seed {seed} ...", file=sys.stderr, flush=True
         )
-        r = _run_one(seed, algo, system, max_seconds, n, env_step_ms)
+        r = _run_one(seed, algo, system, max_seconds, n, env_step_ms, update_ms)
         results.append(r)
         if "error" in r:
             note = f"failed: {r['error'].splitlines()[-1] if r['error'] else '?'}"
@@ -467,6 +483,7 @@ def run_bench(
         "command": command,
         "seeds": list(seeds),
         "env_step_ms": env_step_ms,
+        "update_ms": update_ms,
         "machine": machine(),
         "runs": results,
         "aggregate": aggregate(results, max_seconds),
@@ -511,6 +528,13 @@ def add_parser(bench: Any) -> None:
         type=float,
         default=0.0,
         help="make every env step take this many ms longer (DelayedEnv; SB3 not run)",
+    )
+    b.add_argument(
+        "--update-ms",
+        type=float,
+        default=0.0,
+        help="make every learner update wait this many ms longer, as on an accelerator "
+        "(tianji.bench.algos; SB3 not run)",
     )
     b.add_argument("--max-seconds", type=float, default=300.0, help="budget per run (300)")
     b.add_argument(
@@ -578,6 +602,8 @@ def _cmd(args: Any) -> int:
     actors = parse_counts("--actors", args.actors)
     if args.env_step_ms < 0:
         raise ConfigError("--env-step-ms", args.env_step_ms, "a number of milliseconds >= 0")
+    if args.update_ms < 0:
+        raise ConfigError("--update-ms", args.update_ms, "a number of milliseconds >= 0")
     max_seconds = 40.0 if args.quick else args.max_seconds
     report = run_bench(
         algos=algos,
@@ -588,6 +614,7 @@ def _cmd(args: Any) -> int:
         command="tianji bench train " + " ".join(sys.argv[3:]),
         actors=actors,
         env_step_ms=args.env_step_ms,
+        update_ms=args.update_ms,
     )
     print(json.dumps(report, indent=2) if args.json else markdown(report))
     errors = [r for r in report["runs"] if "error" in r]

@@ -1,0 +1,83 @@
+"""Algorithms for benchmarks: PPO and DQN whose every update takes a set amount of
+wall-clock time more.
+
+On a small CPU-only machine a learner update costs a few milliseconds of this machine's
+CPU, shared with the actors. A learner on an accelerator, or with a larger network, costs
+wall-clock time the actors do not share: that is where the synchronous baseline pays
+collection and update one after the other, and relaxing the dependency overlaps them.
+:class:`DelayedPPO` and :class:`DelayedDQN` add ``update_ms`` milliseconds of waiting (the
+learner's worker thread sleeps: the CPU stays free for others) to every update.
+
+Use them as ``algorithm = "tianji.bench.algos:DelayedPPO"`` with ``[algo] update_ms = 250``
+(and the algorithm's own settings), or ``tianji bench train --update-ms 250``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from tianji.algorithms.dqn import DQN, DQNConfig
+from tianji.algorithms.ppo import PPO, PPOConfig
+from tianji.rl.algorithm import UpdateResult
+from tianji.rl.errors import ConfigError
+
+__all__ = ["DELAYED", "DelayedDQN", "DelayedPPO"]
+
+
+def _check(update_ms: float) -> float:
+    if not isinstance(update_ms, int | float) or update_ms < 0:
+        raise ConfigError("algo.update_ms", update_ms, "a number of milliseconds >= 0")
+    return float(update_ms) / 1000.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class DelayedPPOConfig(PPOConfig):
+    """PPO's settings and ``update_ms``: milliseconds every update waits more."""
+
+    update_ms: float = 0.0
+
+
+class DelayedPPO(PPO):
+    """PPO whose every update waits ``config.update_ms`` ms more (see the module docstring)."""
+
+    Config = DelayedPPOConfig
+
+    def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
+        self._update_s = _check(config.update_ms)
+        super().__init__(config, *args, **kwargs)
+
+    def update(self, batch: Mapping[str, np.ndarray]) -> UpdateResult:
+        time.sleep(self._update_s)
+        result: UpdateResult = super().update(batch)
+        return result
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class DelayedDQNConfig(DQNConfig):
+    """DQN's settings and ``update_ms``: milliseconds every update waits more."""
+
+    update_ms: float = 0.0
+
+
+class DelayedDQN(DQN):
+    """DQN whose every update waits ``config.update_ms`` ms more (see the module docstring)."""
+
+    Config = DelayedDQNConfig
+
+    def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
+        self._update_s = _check(config.update_ms)
+        super().__init__(config, *args, **kwargs)
+
+    def update(self, batch: Mapping[str, np.ndarray]) -> UpdateResult:
+        time.sleep(self._update_s)
+        result: UpdateResult = super().update(batch)
+        return result
+
+
+DELAYED = {"ppo": "tianji.bench.algos:DelayedPPO", "dqn": "tianji.bench.algos:DelayedDQN"}
+"""The delayed variant of each benchmarked algorithm, as ``module:Class``."""
