@@ -262,5 +262,5 @@ def test_a_negative_update_delay_is_refused_naming_it() -> None:
     config: RunConfig = build_dataclass(RunConfig, data, "")
     from tianji.services.common import make_algorithm
 
-    with pytest.raises(ConfigError, match="algo.update_ms"):
+    with pytest.raises(ConfigError, match=r"algo\.update_ms"):
         make_algorithm(config, seed=0, device="cpu")
