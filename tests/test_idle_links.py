@@ -81,7 +81,7 @@ def test_two_linked_services_with_no_traffic_use_under_2_percent_cpu(scheme: str
         assert pub.stdout.readline().strip() == "linked"
         time.sleep(0.5)  # let start-up work settle
         before = {p.pid: cpu_seconds(p.pid) for p in (pub, sub)}
-        window = 5.0
+        window = 3.0  # three heartbeat intervals
         time.sleep(window)
         used = {pid: (cpu_seconds(pid) - t0) / window for pid, t0 in before.items()}
         assert all(share < 0.02 for share in used.values()), used

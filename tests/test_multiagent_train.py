@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SPREAD = EnvConfig(id="mpe2.simple_spread_v3", api="pettingzoo", kwargs={"N": 3, "max_cycles": 25})
 
 MARGIN = 8.0
-"""Mean team return (last 100 episodes) above the random policy's mean after the 45-s runs
+"""Mean team return (last 100 episodes) above the random policy's mean after the 40-s runs
 below (the rollout path over TCP, the replay path over shared memory). The random policy
 scores -79.6 (std 23.4 per episode, s.e. 0.74 over 1,000 episodes); in `python
 benchmarks/multiagent.py`'s runs the examples stood ~16 above random at 52,000 (MAPPO) and
@@ -54,7 +54,7 @@ def train(tmp_path: Path, example: str, *args: str) -> tuple[dict, list[dict]]:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("example", "transport", "seconds"),
-    [("spread_mappo", "tcp", 45), ("spread_qmix", "shm", 45)],
+    [("spread_mappo", "tcp", 40), ("spread_qmix", "shm", 40)],
     ids=["mappo-tcp", "qmix-shm"],
 )
 def test_a_multi_agent_example_ends_clearly_above_the_random_policy(
