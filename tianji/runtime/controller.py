@@ -127,7 +127,7 @@ class Controller(Service):
             plugin.attach(self._command)
         self.run_id = run_id or uuid.uuid4().hex[:12]
         self.run_digest = ""  # when set, services registering another digest are refused
-        self._balance_wanted = asyncio.Event()
+        self._plugins_wanted = asyncio.Event()
         self.registry: dict[str, ServiceRecord] = {}
         self.reports: dict[str, ServiceReported] = {}
         self.heartbeats: dict[str, Heartbeat] = {}  # latest per service, kept after it leaves
@@ -204,8 +204,8 @@ class Controller(Service):
         many connections at once, and two interleaved decisions could send commands out of
         order (a pause after the resume that superseded it)."""
         while True:
-            await self._balance_wanted.wait()
-            self._balance_wanted.clear()
+            await self._plugins_wanted.wait()
+            self._plugins_wanted.clear()
             for plugin in self.plugins:
                 await plugin.update(self.heartbeats, self.registry)
                 self.gauges.update(plugin.gauges())  # in the controller's heartbeat
@@ -228,7 +228,7 @@ class Controller(Service):
                 record.last_heartbeat = ev
                 record.last_seen = time.monotonic()
                 if any(ev.role in plugin.roles for plugin in self.plugins):
-                    self._balance_wanted.set()  # decided by _plugin_loop, one at a time
+                    self._plugins_wanted.set()  # decided by _plugin_loop, one at a time
                 self._notify()
         elif isinstance(ev, ServiceReported):
             self.reports[ev.name] = ev
