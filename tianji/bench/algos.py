@@ -26,13 +26,26 @@ from tianji.algorithms.ppo import PPO, PPOConfig
 from tianji.rl.algorithm import UpdateResult
 from tianji.rl.errors import ConfigError
 
-__all__ = ["DELAYED", "DelayedDQN", "DelayedPPO"]
+__all__ = ["DELAYED", "DelayedDQN", "DelayedPPO", "DelayedUpdate"]
 
 
 def _check(update_ms: float) -> float:
     if not isinstance(update_ms, int | float) or update_ms < 0:
         raise ConfigError("algo.update_ms", update_ms, "a number of milliseconds >= 0")
     return float(update_ms) / 1000.0
+
+
+class DelayedUpdate:
+    """Mixin before an algorithm class: every ``update`` waits ``config.update_ms`` ms more."""
+
+    def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
+        self._update_s = _check(config.update_ms)
+        super().__init__(config, *args, **kwargs)  # type: ignore[call-arg]
+
+    def update(self, batch: Mapping[str, np.ndarray]) -> UpdateResult:
+        time.sleep(self._update_s)
+        result: UpdateResult = super().update(batch)  # type: ignore[misc]
+        return result
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -42,19 +55,10 @@ class DelayedPPOConfig(PPOConfig):
     update_ms: float = 0.0
 
 
-class DelayedPPO(PPO):
+class DelayedPPO(DelayedUpdate, PPO):
     """PPO whose every update waits ``config.update_ms`` ms more (see the module docstring)."""
 
     Config = DelayedPPOConfig
-
-    def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
-        self._update_s = _check(config.update_ms)
-        super().__init__(config, *args, **kwargs)
-
-    def update(self, batch: Mapping[str, np.ndarray]) -> UpdateResult:
-        time.sleep(self._update_s)
-        result: UpdateResult = super().update(batch)
-        return result
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -64,19 +68,10 @@ class DelayedDQNConfig(DQNConfig):
     update_ms: float = 0.0
 
 
-class DelayedDQN(DQN):
+class DelayedDQN(DelayedUpdate, DQN):
     """DQN whose every update waits ``config.update_ms`` ms more (see the module docstring)."""
 
     Config = DelayedDQNConfig
-
-    def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
-        self._update_s = _check(config.update_ms)
-        super().__init__(config, *args, **kwargs)
-
-    def update(self, batch: Mapping[str, np.ndarray]) -> UpdateResult:
-        time.sleep(self._update_s)
-        result: UpdateResult = super().update(batch)
-        return result
 
 
 DELAYED = {"ppo": "tianji.bench.algos:DelayedPPO", "dqn": "tianji.bench.algos:DelayedDQN"}
