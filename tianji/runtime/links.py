@@ -16,12 +16,12 @@ from tianji.runtime.errors import BadFrame, TianjiError
 from tianji.runtime.events import Event, Subscribe
 from tianji.runtime.heartbeats import CONTROL, ServiceStat
 
-__all__ = ["CONTROL", "Subscriptions"]
+__all__ = ["CONTROL", "Link", "Subscriptions"]
 
 log = logging.getLogger("tianji.service")
 
 
-class _Link:
+class Link:
     """A subscription link to one publisher address."""
 
     def __init__(self, address: str) -> None:
@@ -40,7 +40,7 @@ class _Linked(Protocol):
     local_address: str
     options: Any
     counters: collections.Counter[str]
-    _links: dict[str, _Link]
+    _links: dict[str, Link]
     _handlers: dict[str, list[Any]]
     _stopping: asyncio.Event
 
@@ -54,7 +54,7 @@ class _Linked(Protocol):
 
     def _link_to(self: _Linked, address: str, topics: set[str]) -> None: ...
 
-    async def _link_loop(self: _Linked, link: _Link) -> None: ...
+    async def _link_loop(self: _Linked, link: Link) -> None: ...
 
 
 class Subscriptions:
@@ -65,7 +65,7 @@ class Subscriptions:
     def _link_to(self: _Linked, address: str, topics: set[str]) -> None:
         link = self._links.get(address)
         if link is None or link.retired:
-            link = _Link(address)
+            link = Link(address)
             self._links[address] = link
         new = topics - link.topics
         link.topics |= topics
@@ -88,7 +88,7 @@ class Subscriptions:
                     link.retired = True  # read what is still in flight, then end
                     del self._links[address]
 
-    async def _link_loop(self: _Linked, link: _Link) -> None:
+    async def _link_loop(self: _Linked, link: Link) -> None:
         delay = self.options.reconnect_min
         transport = plugins.transport_for(link.address)
         while not link.retired:

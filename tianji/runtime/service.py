@@ -60,7 +60,7 @@ from tianji.runtime.events import (
     topic,
 )
 from tianji.runtime.heartbeats import ControllerLink, ServiceStat, memory_gauges
-from tianji.runtime.links import CONTROL, Subscriptions, _Link
+from tianji.runtime.links import CONTROL, Link, Subscriptions
 
 __all__ = ["CONTROL", "Handler", "Service", "ServiceOptions", "ServiceStat"]
 
@@ -156,7 +156,7 @@ class Service(ControllerLink, Subscriptions):
         self._handlers: dict[str, list[Handler[Any]]] = {}
         self._publishes: set[str] = {_topic_name(t) for t in publishes}
         self._subscribers: dict[str, set[Connection]] = {}
-        self._links: dict[str, _Link] = {}
+        self._links: dict[str, Link] = {}
         self._peers: set[Connection] = set()
         self._listener: Listener | None = None
         self._local_listener: Listener | None = None
@@ -379,7 +379,7 @@ class Service(ControllerLink, Subscriptions):
     async def _drain(self) -> None:
         """Let subscribers take what is queued, then say goodbye to every peer."""
 
-        async def leave(link: _Link) -> None:
+        async def leave(link: Link) -> None:
             link.retired = True
             if link.conn is not None:
                 try:
