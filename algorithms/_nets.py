@@ -20,16 +20,21 @@ from tianji.rl.algorithm import GradientSync
 from tianji.rl.errors import ConfigError
 
 __all__ = [
+    "TORSOS",
+    "NatureCNN",
     "adam",
     "as_hidden",
     "box_obs_problem",
+    "build_network",
     "flat_dim",
+    "is_image_space",
     "load_numpy_weights",
     "mlp",
     "numpy_weights",
     "obs_tensor",
     "pick_device",
     "polyak_update",
+    "resolve_torso",
     "seeded_init",
     "sync_gradients",
 ]
@@ -140,10 +145,126 @@ def seeded_init(seed: int) -> Iterator[None]:
         yield
 
 
-def obs_tensor(obs: np.ndarray, device: torch.device) -> torch.Tensor:
-    """``obs [B, ...]`` as a float32 ``[B, D]`` tensor on ``device``."""
+def obs_tensor(obs: np.ndarray, device: torch.device, *, image: bool = False) -> torch.Tensor:
+    """``obs [B, ...]`` as the network's input on ``device``: a float32 ``[B, D]`` tensor
+    for an MLP; for an ``image`` network the array as it is (uint8 pixels travel to the
+    device as bytes, and :class:`NatureCNN` scales them there)."""
+    if image:
+        return torch.as_tensor(np.asarray(obs), device=device)
     flat = np.asarray(obs).reshape(len(obs), -1)
     return torch.as_tensor(flat, dtype=torch.float32, device=device)
+
+
+TORSOS = ("auto", "mlp", "nature")
+"""What ``[algo] torso`` may say: "auto" picks "nature" for image observations (see
+:func:`is_image_space`) and "mlp" otherwise."""
+
+
+def is_image_space(space: Any) -> bool:
+    """Whether ``space`` holds images: a uint8 Box of 2 (H, W) or 3 (C, H, W / H, W, C)
+    dimensions, each side at least 36 pixels (what :class:`NatureCNN` can take)."""
+    from gymnasium import spaces
+
+    if not isinstance(space, spaces.Box) or space.dtype != np.uint8:
+        return False
+    shape = tuple(space.shape)
+    return len(shape) in (2, 3) and sorted(shape)[-2] >= 36
+
+
+def resolve_torso(key: str, torso: str, observation_space: Any) -> str:
+    """``torso`` with "auto" resolved for ``observation_space``.
+
+    Raises:
+        ConfigError: for a torso name not in :data:`TORSOS`, or "nature" for observations
+            that are not images.
+    """
+    if torso not in TORSOS:
+        raise ConfigError(key, torso, f"one of {', '.join(TORSOS)}")
+    image = is_image_space(observation_space)
+    if torso == "auto":
+        return "nature" if image else "mlp"
+    if torso == "nature" and not image:
+        why = f'"mlp" or "auto" for observations {observation_space!r} (not uint8 images)'
+        raise ConfigError(key, torso, why)
+    return torso
+
+
+class NatureCNN(nn.Module):
+    """The Nature-DQN torso: three conv layers and a 512-unit layer, ReLU throughout.
+
+    Takes uint8 images ``[B, C, H, W]`` (channels-last ``[B, H, W, C]`` and single-channel
+    ``[B, H, W]`` are arranged first) and scales them to [0, 1] on the module's device,
+    so the pixels cross process boundaries and the host-to-device copy as bytes.
+    """
+
+    features = 512
+
+    def __init__(self, obs_shape: Sequence[int]) -> None:
+        super().__init__()
+        shape = tuple(obs_shape)
+        self.layout = _image_layout(shape)
+        channels = 1 if self.layout == "hw" else shape[-1] if self.layout == "hwc" else shape[0]
+        gain = math.sqrt(2)
+        self.convs = nn.Sequential(
+            _conv(channels, 32, 8, 4, gain), nn.ReLU(),
+            _conv(32, 64, 4, 2, gain), nn.ReLU(),
+            _conv(64, 64, 3, 1, gain), nn.ReLU(),
+            nn.Flatten(),
+        )  # fmt: skip
+        with torch.no_grad():
+            n = self.convs(self._arrange(torch.zeros(1, *shape, dtype=torch.uint8))).shape[1]
+        self.fc = nn.Sequential(_linear(n, self.features, gain), nn.ReLU())
+
+    def _arrange(self, x: torch.Tensor) -> torch.Tensor:
+        if self.layout == "hw":
+            x = x.unsqueeze(1)
+        elif self.layout == "hwc":
+            x = x.permute(0, 3, 1, 2)
+        return x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """``[B, 512]`` features of a batch of images."""
+        out: torch.Tensor = self.fc(self.convs(self._arrange(obs)))
+        return out
+
+
+def build_network(
+    torso: str,
+    observation_space: Any,
+    hidden: Sequence[int],
+    out_dim: int,
+    *,
+    activation: type[nn.Module] = nn.ReLU,
+    out_gain: float | None = None,
+) -> nn.Sequential:
+    """The model builder of the in-tree algorithms: observation -> ``out_dim`` outputs.
+
+    Args:
+        torso: a resolved torso (:func:`resolve_torso`): "nature" gives
+            :class:`NatureCNN` and a linear head (``hidden`` unused: its 512-unit layer is
+            the hidden layer), "mlp" an :func:`mlp` over the flattened observation.
+        activation, out_gain: as for :func:`mlp` (the CNN head gets ``out_gain`` too).
+    """
+    shape = tuple(observation_space.shape)
+    if torso == "nature":
+        return nn.Sequential(NatureCNN(shape), _linear(NatureCNN.features, out_dim, out_gain))
+    return mlp(flat_dim(shape), hidden, out_dim, activation=activation, out_gain=out_gain)
+
+
+def _image_layout(shape: tuple[int, ...]) -> str:
+    """ "hw", "chw" or "hwc": channels-last when the last side is a channel count (<= 4)
+    and the first is not."""
+    if len(shape) == 2:
+        return "hw"
+    return "hwc" if shape[-1] <= 4 < shape[0] else "chw"
+
+
+def _conv(a: int, b: int, kernel: int, stride: int, gain: float) -> nn.Conv2d:
+    layer = nn.Conv2d(a, b, kernel, stride)
+    nn.init.orthogonal_(layer.weight, gain)
+    assert layer.bias is not None  # Conv2d has one unless bias=False
+    nn.init.zeros_(layer.bias)
+    return layer
 
 
 def numpy_weights(module: nn.Module) -> dict[str, np.ndarray]:

@@ -23,14 +23,14 @@ from tianji.algorithms._nets import (
     adam,
     as_hidden,
     box_obs_problem,
-    flat_dim,
+    build_network,
     load_numpy_weights,
-    mlp,
     numpy_weights,
     obs_tensor,
     pick_device,
     polyak_update,
     require_spaces,
+    resolve_torso,
     seeded_init,
     sync_gradients,
 )
@@ -53,7 +53,10 @@ class DQNConfig:
     lr: float = 5e-4
     """Adam learning rate."""
     hidden: Sequence[int] = (128, 128)
-    """Hidden layer sizes of the Q-network MLP."""
+    """Hidden layer sizes of the Q-network MLP (not used by the "nature" torso)."""
+    torso: str = "auto"
+    """The Q-network's body: "mlp", "nature" (the Nature-DQN CNN for uint8 image
+    observations, e.g. the Atari preset's) or "auto" (the CNN for images, else the MLP)."""
     batch_size: int = 128
     """Transitions per learner update."""
     buffer_capacity: int = 50_000
@@ -220,10 +223,13 @@ class DQN:
         self.action_start = int(action_space.start)
         self.version = 0
         self.rng = np.random.default_rng(seed)
-        in_dim = flat_dim(observation_space.shape)
+        torso = resolve_torso("algo.torso", config.torso, observation_space)
+        self.image = torso == "nature"
         with seeded_init(seed):
-            self.q = mlp(in_dim, config.hidden, self.n_actions).to(self.device)
-            self.q_target = mlp(in_dim, config.hidden, self.n_actions).to(self.device)
+            self.q = build_network(torso, observation_space, config.hidden, self.n_actions)
+            self.q_target = build_network(torso, observation_space, config.hidden, self.n_actions)
+        self.q.to(self.device)
+        self.q_target.to(self.device)
         self.q_target.load_state_dict(self.q.state_dict())
         self.q_target.requires_grad_(False)
         self._optimizer: torch.optim.Optimizer | None = None  # built on first update
@@ -246,7 +252,9 @@ class DQN:
     def act(self, obs: np.ndarray, *, explore: bool) -> dict[str, np.ndarray]:
         """Epsilon-greedy (``explore``) or greedy actions for ``obs [N, ...]``."""
         with torch.no_grad():
-            greedy = self.q(obs_tensor(obs, self.device)).argmax(dim=1).cpu().numpy()
+            greedy = (
+                self.q(obs_tensor(obs, self.device, image=self.image)).argmax(dim=1).cpu().numpy()
+            )
         if explore:
             n = len(greedy)
             random = self.rng.integers(0, self.n_actions, size=n)
@@ -261,10 +269,10 @@ class DQN:
         """One gradient step on a replay batch; returns metrics and, if prioritized, priorities."""
         c, dev = self.config, self.device
         action = torch.as_tensor(batch["action"], dtype=torch.int64, device=dev)
-        q = self.q(obs_tensor(batch["obs"], dev))
+        q = self.q(obs_tensor(batch["obs"], dev, image=self.image))
         q_taken = q.gather(1, (action - self.action_start)[:, None]).squeeze(1)
         with torch.no_grad():
-            next_obs = obs_tensor(batch["next_obs"], dev)
+            next_obs = obs_tensor(batch["next_obs"], dev, image=self.image)
             next_target = self.q_target(next_obs)
             target = double_dqn_target(
                 torch.as_tensor(batch["reward"], dtype=torch.float32, device=dev),

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 from tianji.algorithms._nets import (
+    NatureCNN,
     adam,
     as_hidden,
     box_obs_problem,
@@ -35,6 +36,7 @@ from tianji.algorithms._nets import (
     obs_tensor,
     pick_device,
     require_spaces,
+    resolve_torso,
     seeded_init,
     sync_gradients,
 )
@@ -103,7 +105,12 @@ class PPOConfig:
     hidden: Sequence[int] = (64, 64)
     """Hidden layer sizes of the actor and critic MLPs."""
     shared_network: bool = False
-    """One torso for actor and critic (two heads) instead of two separate MLPs."""
+    """One torso for actor and critic (two heads) instead of two separate MLPs (the
+    "nature" torso is always shared)."""
+    torso: str = "auto"
+    """The network's body: "mlp" (``hidden``), "nature" (the Nature-DQN CNN for uint8
+    image observations, e.g. the Atari preset's; one torso, two linear heads) or "auto"
+    (the CNN for images, else the MLP)."""
     init_log_std: float = 0.0
     """Initial log standard deviation of the Gaussian policy (Box actions)."""
 
@@ -239,13 +246,23 @@ def _flat(x: np.ndarray) -> np.ndarray:
 
 
 class ActorCritic(nn.Module):
-    """Policy head (logits or Gaussian mean) and value head over separate or shared MLPs."""
+    """Policy head (logits or Gaussian mean) and value head over separate or shared MLPs,
+    or over one :class:`NatureCNN` (``torso = "nature"``)."""
 
-    def __init__(self, in_dim: int, out_dim: int, config: PPOConfig, *, continuous: bool) -> None:
+    def __init__(
+        self, observation_space: Any, out_dim: int, config: PPOConfig, *, continuous: bool
+    ) -> None:
         super().__init__()
         hidden = tuple(config.hidden)
+        in_dim = flat_dim(observation_space.shape)
         self.torso: nn.Module | None = None
-        if config.shared_network:
+        torso = resolve_torso("algo.torso", config.torso, observation_space)
+        self.image = torso == "nature"
+        if self.image:
+            self.torso = NatureCNN(observation_space.shape)
+            self.actor = mlp(NatureCNN.features, (), out_dim, out_gain=0.01)
+            self.critic = mlp(NatureCNN.features, (), 1, out_gain=1.0)
+        elif config.shared_network:
             self.torso = mlp(in_dim, hidden[:-1], hidden[-1], activation=nn.Tanh, out_gain=2**0.5)
             self.torso.append(nn.Tanh())
             self.actor = mlp(hidden[-1], (), out_dim, out_gain=0.01)
@@ -328,7 +345,7 @@ class PPO:
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         with seeded_init(seed):
             self.net = ActorCritic(
-                flat_dim(observation_space.shape), out_dim, config, continuous=self.continuous
+                observation_space, out_dim, config, continuous=self.continuous
             ).to(self.device)
         self._optimizer: torch.optim.Optimizer | None = None  # built on first update
         self.gradient_sync: GradientSync | None = None  # set by the learner when K > 1
@@ -346,7 +363,7 @@ class PPO:
     def act(self, obs: np.ndarray, *, explore: bool) -> dict[str, np.ndarray]:
         """Sample (``explore``) or take the mode of the policy for ``obs [N, ...]``."""
         with torch.no_grad():
-            head, value = self.net(obs_tensor(obs, self.device))
+            head, value = self.net(self._input(obs))
             if self.continuous:
                 raw, logp = self._sample_gaussian(head, explore)
             else:
@@ -362,6 +379,9 @@ class PPO:
         else:
             out["action"] = raw.cpu().numpy().astype(np.int64) + self.action_start
         return out
+
+    def _input(self, obs: np.ndarray) -> torch.Tensor:
+        return obs_tensor(obs, self.device, image=self.net.image)
 
     def _sample_gaussian(
         self, mean: torch.Tensor, explore: bool
@@ -459,10 +479,10 @@ class PPO:
         """Recompute values, run GAE and flatten ``[T, M, ...]`` to ``[T*M, ...]`` tensors."""
         c, dev = self.config, self.device
         reward = np.asarray(batch["reward"], dtype=np.float64) * c.reward_scale
-        obs = obs_tensor(_flat(batch["obs"]), dev)
+        obs = self._input(_flat(batch["obs"]))
         with torch.no_grad():
-            value = self.net.value(obs)
-            next_value = self.net.value(obs_tensor(_flat(batch["next_obs"]), dev))
+            value = self._values(obs)
+            next_value = self._next_values(batch, value)
         adv, ret = gae(
             reward,
             value.cpu().numpy().astype(np.float64).reshape(reward.shape),
@@ -491,6 +511,28 @@ class PPO:
             "adv": tensor(adv),
             "ret": tensor(ret),
         }
+
+    def _values(self, obs: torch.Tensor, chunk: int = 2048) -> torch.Tensor:
+        """``V(obs)`` in chunks (bounded activation memory for pixel batches)."""
+        if len(obs) <= chunk:
+            return self.net.value(obs)
+        return torch.cat([self.net.value(obs[i : i + chunk]) for i in range(0, len(obs), chunk)])
+
+    def _next_values(self, batch: Mapping[str, np.ndarray], value: torch.Tensor) -> torch.Tensor:
+        """``V(next_obs)`` flat ``[T*M]``. Inside a column ``next_obs[t]`` is ``obs[t+1]``
+        unless the episode ended at ``t``, so only the last step and the ends need a
+        forward pass of their own (half the work of valuing every ``next_obs``)."""
+        done = np.asarray(batch["terminated"], bool) | np.asarray(batch["truncated"], bool)
+        steps, width = done.shape
+        need = done.copy()
+        need[-1] = True
+        next_value = torch.empty((steps, width), dtype=value.dtype, device=value.device)
+        next_value[:-1] = value.view(steps, width)[1:]
+        rows = np.flatnonzero(need)
+        next_obs = _flat(batch["next_obs"])[rows]
+        flat_next = next_value.view(-1)
+        flat_next[torch.as_tensor(rows, device=value.device)] = self._values(self._input(next_obs))
+        return flat_next
 
     def _minibatch_step(self, mb: Mapping[str, torch.Tensor]) -> dict[str, float]:
         c = self.config

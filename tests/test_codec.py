@@ -178,7 +178,13 @@ def sample_events() -> list[Event]:
         CheckpointTaken(policy_version=40, state=np.frombuffer(b"packed state", np.uint8)),
         RestoreCheckpoint(policy_version=40, state=np.frombuffer(b"packed", np.uint8)),
         TakeCheckpoint(reason="complete"),
-        ComputeActions(actor="actor-0", request_id=7, obs=np.zeros((4, 3), np.float32)),
+        ComputeActions(
+            actor="actor-0",
+            request_id=7,
+            obs=np.zeros((4, 3), np.float32),
+            env_ids=np.arange(4, dtype=np.int32),
+            starts=np.array([True, False, False, True]),
+        ),
         ActionsComputed(
             actor="actor-0",
             request_id=7,

@@ -22,7 +22,7 @@ from tianji.rl.config import EnvConfig, RunConfig
 from tianji.rl.envs import env_spaces_and_state, make_vector_env
 from tianji.rl.multiagent import ParallelEnvAdapter, pettingzoo_factory
 from tianji.runtime.errors import ConfigError
-from tianji.services.actor import FragmentCollector
+from tianji.services.collector import FragmentCollector
 from tianji.services.common import make_algorithm, transitions
 
 pytest.importorskip("mpe2")
@@ -167,7 +167,7 @@ def _collect(config: EnvConfig | None, n_envs: int, length: int, **counting: Any
     collector = FragmentCollector(envs, length, seed=0)
     rng = np.random.default_rng(0)
 
-    async def act(obs: np.ndarray) -> dict[str, np.ndarray]:
+    async def act(obs: np.ndarray, rows: range, starts: np.ndarray) -> dict[str, np.ndarray]:
         return {"action": rng.integers(0, 3, size=obs.shape[:2])}
 
     fragment, _, _ = asyncio.run(collector.collect(act))
@@ -268,7 +268,7 @@ def test_mappo_learns_a_cooperative_matrix_game_from_the_team_reward() -> None:
     )
     collector = FragmentCollector(envs, 16, seed=0)
 
-    async def act(obs: np.ndarray) -> dict[str, np.ndarray]:
+    async def act(obs: np.ndarray, rows: range, starts: np.ndarray) -> dict[str, np.ndarray]:
         return algo.act(obs, explore=True)  # type: ignore[no-any-return]
 
     rewards = []

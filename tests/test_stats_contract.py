@@ -17,6 +17,7 @@ DECLARED = {
         stats.BufferStat,
         stats.LearnerStat,
         stats.ParamsStat,
+        stats.InferenceStat,
         stats.MonitorStat,
         stats.Dropped,
         ServiceStat,

@@ -38,6 +38,7 @@ __all__ = [
     "ActorConfig",
     "ControllerConfig",
     "EnvConfig",
+    "InferenceConfig",
     "LearnerConfig",
     "RayConfig",
     "RunConfig",
@@ -65,8 +66,19 @@ class EnvConfig:
     wrappers: list[str] = dataclasses.field(default_factory=list)
     """Wrappers applied in order, each ``module:Class`` (e.g.
     ``"gymnasium.wrappers:TimeAwareObservation"``), called as ``Class(env)``."""
+    preset: str = ""
+    """A standard env setup: ``"atari"`` (an ``ALE/<Game>-v5`` id with the usual
+    preprocessing, see ``tianji.rl.atari``) or "" (the env as made, plus ``wrappers``)."""
+    preset_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """The preset's options (``"atari"``: the fields of ``tianji.rl.atari.AtariOptions``)."""
 
     def __post_init__(self) -> None:
+        if self.preset not in ("", "atari"):
+            raise ConfigError("env.preset", self.preset, '"" or "atari"')
+        if self.preset_options and not self.preset:
+            raise ConfigError("env.preset_options", self.preset_options, "empty without a preset")
+        if self.preset and self.api != "gymnasium":
+            raise ConfigError("env.preset", self.preset, '"" with api = "pettingzoo"')
         if self.api not in ("gymnasium", "pettingzoo"):
             raise ConfigError("env.api", self.api, '"gymnasium" or "pettingzoo"')
         if self.team_reward not in ("sum", "mean"):
@@ -86,6 +98,10 @@ class ActorConfig:
     inference: str = "local"
     """"local": each actor runs its own policy copy; "service": one inference service
     batches the observations of all actors into one forward pass and answers each."""
+    splits: int = 1
+    """Groups of envs per actor (an env ring): with ``inference = "service"`` one group
+    steps its envs while another waits for its actions. ``envs_per_actor`` must be a
+    multiple of it."""
     max_fragments_per_version: int = 0
     """Off-policy ``relaxed`` runs: an actor sends at most this many fragments per policy
     version, then waits for newer weights (0: no limit; never before the learner's first
@@ -93,13 +109,43 @@ class ActorConfig:
     how many fragments each actor collects and with which weights."""
 
     def __post_init__(self) -> None:
-        _positive("actors", self, ("count", "envs_per_actor", "fragment_length"))
+        _positive("actors", self, ("count", "envs_per_actor", "fragment_length", "splits"))
+        if self.envs_per_actor % self.splits:
+            why = f"a divisor of actors.envs_per_actor={self.envs_per_actor}"
+            raise ConfigError("actors.splits", self.splits, why)
         if self.inference not in ("local", "service"):
             raise ConfigError("actors.inference", self.inference, '"local" or "service"')
         if self.max_fragments_per_version < 0:
             raise ConfigError(
                 "actors.max_fragments_per_version", self.max_fragments_per_version, "an int >= 0"
             )
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class InferenceConfig:
+    """The inference services of ``[actors] inference = "service"`` runs."""
+
+    count: int = 1
+    """Inference services; actor ``i`` asks service ``i % count``."""
+    max_wait_ms: float = 1.0
+    """After the first request of a batch, wait at most this long for more."""
+    batch_requests: int = 0
+    """Requests a batch waits for (up to ``max_wait_ms``); 0: one per actor assigned to the
+    service (with ``splits = K`` the other groups are stepping meanwhile)."""
+    max_batch_envs: int = 0
+    """At most this many observations per forward pass (0: no limit)."""
+    device: str = "auto"
+    """Torch device of the forward pass ("auto": CUDA when available)."""
+    torch_threads: int = 1
+    """Torch intra-op threads of each inference service."""
+
+    def __post_init__(self) -> None:
+        _positive("inference", self, ("count", "torch_threads"))
+        if self.max_wait_ms < 0:
+            raise ConfigError("inference.max_wait_ms", self.max_wait_ms, "a number >= 0")
+        for key in ("batch_requests", "max_batch_envs"):
+            if type(getattr(self, key)) is not int or getattr(self, key) < 0:
+                raise ConfigError(f"inference.{key}", getattr(self, key), "an int >= 0")
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -350,6 +396,7 @@ class RunConfig:
     env: EnvConfig = dataclasses.field(default_factory=EnvConfig)
     actors: ActorConfig = dataclasses.field(default_factory=ActorConfig)
     learner: LearnerConfig = dataclasses.field(default_factory=LearnerConfig)
+    inference: InferenceConfig = dataclasses.field(default_factory=InferenceConfig)
     buffer: BufferConfig = dataclasses.field(default_factory=BufferConfig)
     stop: StopConfig = dataclasses.field(default_factory=StopConfig)
     controller: ControllerConfig = dataclasses.field(default_factory=ControllerConfig)
@@ -373,6 +420,9 @@ class RunConfig:
             raise ConfigError(
                 "buffer.shards", shards, "1 with controller.mode = 'sync' (one round of all actors)"
             )
+        if self.actors.inference == "service" and self.inference.count > self.actors.count:
+            why = f"at most actors.count={self.actors.count} (each serves one actor or more)"
+            raise ConfigError("inference.count", self.inference.count, why)
         recovery = self.recovery
         if recovery.buffer == "snapshot" and not self.checkpoint.replay:
             why = "'empty' unless [checkpoint] replay = true (no snapshot to restart from)"

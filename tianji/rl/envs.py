@@ -9,6 +9,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from gymnasium.wrappers import RecordEpisodeStatistics
 
 from tianji.rl.config import EnvConfig
 from tianji.runtime.errors import ConfigError
@@ -19,16 +20,22 @@ __all__ = [
     "env_spaces_and_state",
     "make_vector_env",
     "random_policy_returns",
+    "records_episodes",
 ]
 
 
-def env_factory(config: EnvConfig) -> Callable[[], gym.Env[Any, Any]]:
-    """Return a zero-argument factory for the configured env, wrappers applied.
+def env_factory(config: EnvConfig, *, training: bool = True) -> Callable[[], gym.Env[Any, Any]]:
+    """Return a zero-argument factory for the configured env, preset and wrappers applied.
+
+    Args:
+        training: the env the actors train on; ``False`` for evaluation, where a preset
+            leaves out what only shapes training (the Atari preset's episodic lives and
+            reward clipping).
 
     Raises:
         ConfigError: naming the env id (with close matches) or a wrapper that is unknown.
     """
-    make = _base_factory(config)
+    make = _base_factory(config, training)
     from tianji.runtime.plugins import load_factory
 
     wrappers = []
@@ -47,8 +54,12 @@ def env_factory(config: EnvConfig) -> Callable[[], gym.Env[Any, Any]]:
     return build
 
 
-def _base_factory(config: EnvConfig) -> Callable[[], gym.Env[Any, Any]]:
+def _base_factory(config: EnvConfig, training: bool) -> Callable[[], gym.Env[Any, Any]]:
     env_id, kwargs = config.id, dict(config.kwargs)
+    if config.preset == "atari":
+        from tianji.rl.atari import atari_factory
+
+        return atari_factory(env_id, kwargs, config.preset_options, training=training)
     if config.api == "pettingzoo":
         from tianji.rl.multiagent import pettingzoo_factory
 
@@ -94,6 +105,18 @@ def make_vector_env(config: EnvConfig, num_envs: int) -> SyncVectorEnv:
     return SyncVectorEnv([factory] * num_envs, autoreset_mode=AutoresetMode.SAME_STEP)
 
 
+def records_episodes(env: gym.Env[Any, Any]) -> bool:
+    """Whether ``env`` (or a wrapper inside it) is gymnasium's ``RecordEpisodeStatistics``:
+    its ``info["episode"]`` then holds the true episode (e.g. all lives, unclipped rewards),
+    which the actors report instead of the sum of the rewards they train on."""
+    while True:
+        if isinstance(env, RecordEpisodeStatistics):
+            return True
+        if not isinstance(env, gym.Wrapper):
+            return False
+        env = env.env
+
+
 def random_policy_returns(config: EnvConfig, episodes: int, *, seed: int = 0) -> np.ndarray:
     """Returns of ``episodes`` episodes of uniformly random actions: the baseline a trained
     policy is compared with (the team return for multi-agent envs).
@@ -103,7 +126,7 @@ def random_policy_returns(config: EnvConfig, episodes: int, *, seed: int = 0) ->
     """
     if episodes < 1:
         raise ConfigError("episodes", episodes, "a positive integer")
-    env = env_factory(config)()
+    env = env_factory(config, training=False)()
     env.action_space.seed(seed)
     returns = np.zeros(episodes, np.float64)
     try:

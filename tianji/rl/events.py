@@ -120,11 +120,17 @@ class EpisodesFinished(Event):
 
 @event
 class ComputeActions(Event):
-    """Command the inference service to compute actions for an actor's observations."""
+    """Command the inference service to compute actions for an actor's observations.
+
+    ``env_ids`` are the actor's indices of the envs whose observations these are and
+    ``starts`` marks the envs whose episode begins with this observation: the service
+    keeps per-env state (a recurrent policy's hidden state) by them."""
 
     actor: str
     request_id: int
     obs: np.ndarray
+    env_ids: np.ndarray
+    starts: np.ndarray
 
 
 @event

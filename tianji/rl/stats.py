@@ -24,6 +24,7 @@ __all__ = [
     "BufferStat",
     "DROPPED",
     "Dropped",
+    "InferenceStat",
     "LearnerStat",
     "MonitorStat",
     "ParamsStat",
@@ -106,6 +107,23 @@ class LearnerStat:
     UPDATE_S: Final = "update_s"
     """Seconds spent in updates."""
     POLICY_LAG_MEAN: Final = "policy_lag_mean"
+
+
+class InferenceStat:
+    """What an inference service reports."""
+
+    REQUESTS: Final = "requests"
+    """Requests answered."""
+    FORWARD_PASSES: Final = "forward_passes"
+    ENVS_ANSWERED: Final = "envs_answered"
+    """Observations answered (the rows of all requests)."""
+    REQUESTS_MALFORMED: Final = "requests_malformed"
+    """Requests refused (wrong observation shape or dtype, mismatched env ids)."""
+    # gauges
+    REQUESTS_PER_PASS: Final = "requests_per_pass"
+    ENVS_PER_PASS: Final = "envs_per_pass"
+    FORWARD_S: Final = "forward_s"
+    """Seconds spent in forward passes (in the worker thread)."""
 
 
 class MonitorStat:

@@ -24,6 +24,8 @@ from tianji.runtime.events import topic
 __all__ = [
     "OBSERVATIONS",
     "actions_topic",
+    "inference_name",
+    "observations_topic",
     "replay_restore_topic",
     "replay_snapshots_topic",
     "batches_topic",
@@ -97,6 +99,16 @@ def learner_name(index: int) -> str:
 def buffer_name(shard: int) -> str:
     """The service name of buffer shard ``shard``."""
     return f"buffer-{shard}"
+
+
+def inference_name(index: int) -> str:
+    """The service name of inference service ``index``."""
+    return f"inference-{index}"
+
+
+def observations_topic(index: int, count: int) -> str:
+    """Actors -> inference service ``index``: ``OBSERVATIONS`` itself when there is one."""
+    return OBSERVATIONS if count == 1 else topic(ComputeActions, inference_name(index))
 
 
 def trajectories_topic(shard: int, shards: int) -> str:

@@ -193,11 +193,11 @@ def make_eval_env(config: RunConfig, *, video: str | Path | None = None, seed: i
     from tianji.rl.envs import env_factory
 
     if video is None:
-        return env_factory(config.env)()
+        return env_factory(config.env, training=False)()
     kwargs = {**config.env.kwargs, "render_mode": "rgb_array"}
     env_config = dataclasses.replace(config.env, kwargs=kwargs)
     try:
-        env = env_factory(env_config)()
+        env = env_factory(env_config, training=False)()
     except TypeError as exc:
         raise VideoError(video, f"env {config.env.id} takes no render_mode ({exc})") from None
     try:

@@ -24,7 +24,7 @@ from tianji.rl.checkpoint import Checkpoint, read_checkpoint, replay_file
 from tianji.rl.config import RunConfig, to_dict
 from tianji.rl.events import TakeCheckpoint
 from tianji.rl.stats import LearnerStat
-from tianji.rl.topics import buffer_name, learner_name
+from tianji.rl.topics import buffer_name, inference_name, learner_name
 from tianji.run import progress as _progress
 from tianji.run.progress import RunFacts, Snapshot, take_snapshot
 from tianji.run.recovery import restart_policy
@@ -89,15 +89,16 @@ def build_specs(config: RunConfig, buffer_spec: dict[str, Any]) -> list[ServiceS
             )
         )
     if config.actors.inference == "service":
-        specs.append(
-            ServiceSpec(
-                name="inference-0",
-                role="inference",
-                factory="tianji.services.inference:InferenceService",
-                options={"config": data},
-                bind=bind,
+        for k in range(config.inference.count):
+            specs.append(
+                ServiceSpec(
+                    name=inference_name(k),
+                    role="inference",
+                    factory="tianji.services.inference:InferenceService",
+                    options={"config": data, "index": k},
+                    bind=bind,
+                )
             )
-        )
     for i in range(config.actors.count):
         specs.append(
             ServiceSpec(

@@ -1,13 +1,12 @@
-"""The actor: steps a vector of envs with its local policy copy and publishes fragments."""
+"""The actor: steps its envs (``tianji.services.collector``) with a local policy copy or an
+inference service, and publishes fragments."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Awaitable, Callable
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 
 from tianji.rl.balance import min_replay_total
@@ -22,17 +21,17 @@ from tianji.rl.events import (
     ResumeProduction,
     TrajectoryCollected,
 )
-from tianji.rl.multiagent import is_multi_agent
 from tianji.rl.stats import ActorStat, Dropped
 from tianji.rl.topics import (
     EPISODES,
     LATEST_PARAMS,
-    OBSERVATIONS,
     actions_topic,
+    observations_topic,
     trajectories_topic,
 )
 from tianji.runtime.events import Event
 from tianji.runtime.service import Service
+from tianji.services.collector import FragmentCollector
 from tianji.services.common import (
     apply_run_options,
     make_algorithm,
@@ -41,84 +40,6 @@ from tianji.services.common import (
 )
 
 __all__ = ["ActorService", "FragmentCollector"]
-
-Act = Callable[[np.ndarray], Awaitable[dict[str, np.ndarray]]]
-
-
-class FragmentCollector:
-    """Steps ``envs`` for ``length`` steps with ``policy`` and returns a ``[T, N]`` fragment.
-
-    Pure logic (no asyncio): it keeps the current observations and per-env episode
-    returns between fragments, and reports the episodes that finished. With multi-agent
-    envs (``tianji.rl.multiagent``) every step also records ``state``, ``next_state`` (the
-    true one at episode ends) and ``agent_reward`` from the env's info.
-    """
-
-    def __init__(self, envs: gym.vector.SyncVectorEnv, length: int, seed: int):
-        self.envs = envs
-        self.length = length
-        self.obs, info = envs.reset(seed=seed)
-        self.multi_agent = is_multi_agent(envs.envs[0])
-        self.state: np.ndarray | None = info["state"] if self.multi_agent else None
-        self.episode_return = np.zeros(envs.num_envs, np.float64)
-        self.episode_length = np.zeros(envs.num_envs, np.int64)
-        space = envs.single_action_space
-        self._clip = (space.low, space.high) if isinstance(space, gym.spaces.Box) else None
-
-    async def collect(self, act: Act) -> tuple[dict[str, np.ndarray], list[float], list[int]]:
-        """Run ``length`` steps; ``await act(obs) -> dict`` with at least ``"action"``."""
-        columns: dict[str, list[np.ndarray]] = {}
-        returns: list[float] = []
-        lengths: list[int] = []
-        for _ in range(self.length):
-            out = await act(self.obs)
-            action = out["action"]
-            env_action = np.clip(action, *self._clip) if self._clip is not None else action
-            next_obs, reward, terminated, truncated, info = self.envs.step(env_action)
-            done = terminated | truncated
-            true_next = next_obs
-            if done.any():  # same-step autoreset: the real last obs is in final_obs
-                true_next = next_obs.copy()
-                for i in np.flatnonzero(done):
-                    true_next[i] = info["final_obs"][i]
-            step = {
-                "obs": self.obs,
-                "reward": reward.astype(np.float32),
-                "terminated": terminated,
-                "truncated": truncated,
-                "next_obs": true_next,
-                **out,
-            }
-            if self.multi_agent:
-                step.update(self._agent_columns(info, done))
-            for key, value in step.items():
-                columns.setdefault(key, []).append(np.asarray(value))
-            self.episode_return += reward
-            self.episode_length += 1
-            for i in np.flatnonzero(done):
-                returns.append(float(self.episode_return[i]))
-                lengths.append(int(self.episode_length[i]))
-                self.episode_return[i] = 0.0
-                self.episode_length[i] = 0
-            self.obs = next_obs
-        return {k: np.stack(v) for k, v in columns.items()}, returns, lengths
-
-    def _agent_columns(self, info: dict[str, Any], done: np.ndarray) -> dict[str, np.ndarray]:
-        """``state``, ``next_state`` and ``agent_reward`` of one multi-agent step. For an
-        env that reset in this step the top-level info is the new episode's; its last
-        step's info is in ``final_info``."""
-        next_state = np.asarray(info["state"], np.float32)
-        agent_reward = np.asarray(info["agent_reward"], np.float32)
-        true_next = next_state
-        if done.any():
-            final = info["final_info"]
-            true_next, agent_reward = next_state.copy(), agent_reward.copy()
-            for i in np.flatnonzero(done):
-                true_next[i] = final["state"][i]
-                agent_reward[i] = final["agent_reward"][i]
-        state, self.state = self.state, next_state
-        assert state is not None  # set at reset for multi-agent envs
-        return {"state": state, "next_state": true_next, "agent_reward": agent_reward}
 
 
 class ActorService(Service):
@@ -136,7 +57,9 @@ class ActorService(Service):
         run = parse_run_config(config)
         shards = run.buffer.shards
         self.trajectories = trajectories_topic(index % shards, shards)  # this actor's shard
-        super().__init__(name, publishes=[self.trajectories, EPISODES, OBSERVATIONS], **kwargs)
+        inference = run.inference.count
+        self.observations = observations_topic(index % inference, inference)  # round-robin
+        super().__init__(name, publishes=[self.trajectories, EPISODES, self.observations], **kwargs)
         self.config = run
         apply_run_options(self, self.config)
         self.index = index
@@ -205,16 +128,25 @@ class ActorService(Service):
             return
         future.set_result(ev)
 
-    async def _act_local(self, obs: np.ndarray) -> dict[str, np.ndarray]:
+    async def _act_local(
+        self, obs: np.ndarray, rows: range, starts: np.ndarray
+    ) -> dict[str, np.ndarray]:
         return self.algo.act(obs, explore=True)  # type: ignore[no-any-return]
 
-    async def _act_remote(self, obs: np.ndarray) -> dict[str, np.ndarray]:
+    async def _act_remote(
+        self, obs: np.ndarray, rows: range, starts: np.ndarray
+    ) -> dict[str, np.ndarray]:
         request_id = next(self._request_ids)
         future: asyncio.Future[ActionsComputed] = asyncio.get_running_loop().create_future()
         self._answers[request_id] = future
-        await self.publish(
-            ComputeActions(actor=self.name, request_id=request_id, obs=obs), OBSERVATIONS
+        request = ComputeActions(
+            actor=self.name,
+            request_id=request_id,
+            obs=obs,
+            env_ids=np.arange(rows.start, rows.stop, dtype=np.int32),
+            starts=np.asarray(starts, bool),
         )
+        await self.publish(request, self.observations)
         answer = await future
         if self.fragment_version < 0 or answer.policy_version < self.fragment_version:
             self.fragment_version = answer.policy_version
@@ -277,12 +209,13 @@ class ActorService(Service):
 
         torch.set_num_threads(1)
         actors = self.config.actors
-        envs = make_vector_env(self.config.env, actors.envs_per_actor)
-        collector = FragmentCollector(envs, actors.fragment_length, self.seed)
+        per_group = actors.envs_per_actor // actors.splits
+        groups = [make_vector_env(self.config.env, per_group) for _ in range(actors.splits)]
+        collector = FragmentCollector(groups, actors.fragment_length, self.seed)
         await self._have_params.wait()  # act with the learner's weights, never our own init
         await self.wait_subscribers(self.trajectories)
         if self.remote:
-            await self.wait_subscribers(OBSERVATIONS)
+            await self.wait_subscribers(self.observations)
         act = self._act_remote if self.remote else self._act_local
         try:
             while True:
@@ -320,4 +253,4 @@ class ActorService(Service):
                     EPISODES,
                 )
         finally:
-            envs.close()
+            collector.close()

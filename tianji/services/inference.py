@@ -1,48 +1,108 @@
-"""The inference service: one batched forward pass for the observations of many actors.
+"""The inference service (SRL's "inference stream"): batched forward passes for many actors.
 
-Actors with ``[actors] inference = "service"`` send :class:`ComputeActions` and wait for
-:class:`ActionsComputed` on their own topic. Requests that arrive together are concatenated
-into one batch (up to ``max_batch_requests``), so the policy runs once for all of them.
+Actors with ``[actors] inference = "service"`` send :class:`ComputeActions` to their
+service (actor ``i`` to service ``i % [inference] count``) and wait for
+:class:`ActionsComputed` on their own topic. The service:
+
+* batches requests: after the first one it waits up to ``[inference] max_wait_ms`` for
+  ``batch_requests`` of them (default: one per actor it serves), at most
+  ``max_batch_envs`` observations, and runs the policy once for all;
+* runs the forward pass in a worker thread, so requests keep arriving (they form the next
+  batch) and the event loop stays responsive while the network runs;
+* keeps per-env state slots (:class:`~tianji.rl.slots.StateSlots`) for algorithms with
+  ``recurrent = True`` (``initial_state(n)``, ``act(obs, explore=..., state=...)``
+  returning ``next_state``);
+* refuses a malformed request (wrong observation shape or dtype, env ids that do not
+  match), counts it and keeps serving everyone else.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import logging
+import time
 from typing import Any
 
 import numpy as np
 
 from tianji.rl.events import ActionsComputed, ComputeActions, ParamsPublished
-from tianji.rl.topics import LATEST_PARAMS, OBSERVATIONS, actions_topic
+from tianji.rl.slots import StateSlots
+from tianji.rl.stats import InferenceStat
+from tianji.rl.topics import LATEST_PARAMS, actions_topic, observations_topic
 from tianji.runtime.service import Service
 from tianji.services.common import make_algorithm, parse_run_config
 
 __all__ = ["InferenceService"]
 
+log = logging.getLogger(__name__)
+
 
 class InferenceService(Service):
-    """Batched policy forward passes for all actors (see the module docstring)."""
+    """Batched policy forward passes for the actors assigned to it (see the module docstring).
+
+    Args:
+        name: service name.
+        config: the run config as JSON data.
+        index: which of the ``[inference] count`` services this is.
+    """
 
     role = "inference"
 
-    def __init__(
-        self, name: str, *, config: dict[str, Any], max_batch_requests: int = 64, **kwargs: Any
-    ) -> None:
+    def __init__(self, name: str, *, config: dict[str, Any], index: int = 0, **kwargs: Any) -> None:
         cfg = parse_run_config(config)
-        actors = [f"actor-{i}" for i in range(cfg.actors.count)]
+        inference = cfg.inference
+        actors = [f"actor-{i}" for i in range(cfg.actors.count) if i % inference.count == index]
         super().__init__(name, publishes=[actions_topic(a) for a in actors], **kwargs)
         self.config = cfg
-        self.algo = make_algorithm(cfg, seed=cfg.seed, device=cfg.learner.device)
+        self.algo = make_algorithm(cfg, seed=cfg.seed + index, device=inference.device)
+        self.obs_shape = tuple(self.algo_obs_shape())
         self.policy_version = -1
-        self.max_batch_requests = max_batch_requests
-        self._requests: asyncio.Queue[ComputeActions] = asyncio.Queue(2 * len(actors) + 8)
+        self.batch_requests = inference.batch_requests or max(1, len(actors))
+        self.max_batch_envs = inference.max_batch_envs
+        self.max_wait = inference.max_wait_ms / 1000.0
+        self.slots = (
+            StateSlots(self.algo.initial_state) if getattr(self.algo, "recurrent", False) else None
+        )
+        bound = 2 * len(actors) * cfg.actors.splits + 8  # every group of every actor, twice
+        self._requests: asyncio.Queue[ComputeActions] = asyncio.Queue(bound)
+        self._held: ComputeActions | None = None  # did not fit the last batch
+        self._arrived = asyncio.Event()  # a request was queued
         self._pending: ParamsPublished | None = None
         self._have_params = asyncio.Event()
-        self.subscribe(OBSERVATIONS, self.on_observations)
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=name)
+        self.gauges[InferenceStat.FORWARD_S] = 0.0
+        self.subscribe(observations_topic(index, inference.count), self.on_observations)
         self.subscribe(LATEST_PARAMS, self.on_params)
 
+    def algo_obs_shape(self) -> tuple[int, ...]:
+        """One observation's shape, as the env's observation space gives it."""
+        from tianji.rl.envs import env_spaces
+
+        observation_space, _ = env_spaces(self.config.env)
+        return tuple(observation_space.shape or ())
+
     async def on_observations(self, ev: ComputeActions) -> None:
+        problem = self._malformed(ev)
+        if problem is not None:
+            self.counters[InferenceStat.REQUESTS_MALFORMED] += 1
+            log.warning(
+                "%s: refused request %s of %s: %s", self.name, ev.request_id, ev.actor, problem
+            )
+            return
         await self._requests.put(ev)  # bounded: a backlog holds the actors back
+        self._arrived.set()
+
+    def _malformed(self, ev: ComputeActions) -> str | None:
+        obs = np.asarray(ev.obs)
+        if obs.ndim != len(self.obs_shape) + 1 or tuple(obs.shape[1:]) != self.obs_shape:
+            return f"observations of shape {obs.shape}, expected [n, *{self.obs_shape}]"
+        if obs.dtype.kind not in "biuf":
+            return f"observations of dtype {obs.dtype}, expected numbers"
+        n = len(obs)
+        if np.shape(ev.env_ids) != (n,) or np.shape(ev.starts) != (n,):
+            return f"env_ids {np.shape(ev.env_ids)} / starts {np.shape(ev.starts)} for {n} obs"
+        return None
 
     async def on_params(self, ev: ParamsPublished) -> None:
         if ev.policy_version > self.policy_version:
@@ -52,15 +112,45 @@ class InferenceService(Service):
     async def main(self) -> None:
         import torch
 
-        torch.set_num_threads(self.config.learner.torch_threads)
+        torch.set_num_threads(self.config.inference.torch_threads)
+        loop = asyncio.get_running_loop()
         await self._have_params.wait()
-        while True:
-            batch = [await self._requests.get()]
-            await asyncio.sleep(0)  # let requests that arrived together join this batch
-            while len(batch) < self.max_batch_requests and not self._requests.empty():
-                batch.append(self._requests.get_nowait())
-            self._apply_params()
-            await self._answer(batch)
+        try:
+            while True:
+                batch = await self._next_batch()
+                self._apply_params()  # between forward passes: never while one runs
+                started = time.perf_counter()
+                out = await loop.run_in_executor(self._executor, self._forward, batch)
+                self.gauges[InferenceStat.FORWARD_S] += time.perf_counter() - started
+                await self._answer(batch, out)
+        finally:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _next_batch(self) -> list[ComputeActions]:
+        """The first waiting request, then more until ``batch_requests`` of them,
+        ``max_batch_envs`` observations or ``max_wait`` seconds."""
+        first = self._held if self._held is not None else await self._requests.get()
+        self._held = None
+        batch, envs = [first], len(first.obs)
+        deadline = time.monotonic() + self.max_wait
+        while len(batch) < self.batch_requests:
+            if self._requests.empty():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._arrived.clear()
+                try:
+                    await asyncio.wait_for(self._arrived.wait(), remaining)
+                except TimeoutError:
+                    break
+                continue
+            request = self._requests.get_nowait()
+            if self.max_batch_envs and envs + len(request.obs) > self.max_batch_envs:
+                self._held = request
+                break
+            batch.append(request)
+            envs += len(request.obs)
+        return batch
 
     def _apply_params(self) -> None:
         if self._pending is not None:
@@ -68,16 +158,36 @@ class InferenceService(Service):
             self.policy_version = self._pending.policy_version
             self._pending = None
 
-    async def _answer(self, batch: list[ComputeActions]) -> None:
-        sizes = [len(r.obs) for r in batch]
-        out = self.algo.act(np.concatenate([r.obs for r in batch]), explore=True)
-        self.counters["requests"] += len(batch)
-        self.counters["forward_passes"] += 1
-        self.gauges["requests_per_pass"] = (
-            self.counters["requests"] / self.counters["forward_passes"]
+    def _forward(self, batch: list[ComputeActions]) -> dict[str, np.ndarray]:
+        """One forward pass for the whole batch (runs in the worker thread)."""
+        obs = np.concatenate([r.obs for r in batch]) if len(batch) > 1 else batch[0].obs
+        if self.slots is None:
+            out: dict[str, np.ndarray] = self.algo.act(obs, explore=True)
+            return out
+        state = np.concatenate([self.slots.gather(r.actor, r.env_ids, r.starts) for r in batch])
+        out = dict(self.algo.act(obs, explore=True, state=state))
+        next_state = out.pop("next_state")
+        start = 0
+        for r in batch:
+            self.slots.scatter(r.actor, r.env_ids, next_state[start : start + len(r.obs)])
+            start += len(r.obs)
+        return out
+
+    async def _answer(self, batch: list[ComputeActions], out: dict[str, np.ndarray]) -> None:
+        envs = sum(len(r.obs) for r in batch)
+        self.counters[InferenceStat.REQUESTS] += len(batch)
+        self.counters[InferenceStat.ENVS_ANSWERED] += envs
+        self.counters[InferenceStat.FORWARD_PASSES] += 1
+        passes = self.counters[InferenceStat.FORWARD_PASSES]
+        self.gauges[InferenceStat.REQUESTS_PER_PASS] = (
+            self.counters[InferenceStat.REQUESTS] / passes
+        )
+        self.gauges[InferenceStat.ENVS_PER_PASS] = (
+            self.counters[InferenceStat.ENVS_ANSWERED] / passes
         )
         start = 0
-        for request, size in zip(batch, sizes, strict=True):
+        for request in batch:
+            size = len(request.obs)
             part = {k: np.ascontiguousarray(v[start : start + size]) for k, v in out.items()}
             start += size
             reply = ActionsComputed(
