@@ -48,8 +48,9 @@ What SF calls a frame: ``Learner.train`` adds ``experience_size * env_info.frame
 (``MaxAndSkipEnv(skip=cfg.env_frameskip)``). So for Pong SF's "frames" are emulator frames =
 agent steps x 4; for CartPole (``env_frameskip=1``) frames = agent steps. Here ``env_steps``
 is agent steps (observations trained on) and ``frames = env_steps * frameskip``. A cross-check
-goes to stderr: the inference workers' count of agent steps over the same window (their
-``samples_collected`` reports) divided into SF's frames gives ~4 for Pong and ~1 for CartPole.
+goes to stderr: SF's frames divided by the inference workers' count of agent steps (their
+``samples_collected`` reports, from the warm-up start to the window end) gives ~4 for Pong and
+~1 for CartPole.
 
 ``policy_lag`` is the mean of the learner's ``version_diff_avg`` summaries (SF's "Policy #0
 lag" avg) received in the window, or null when none arrived.
@@ -131,6 +132,7 @@ class Window:
     warmup: float
     seconds: float
     first_t: float | None = None  # first training iteration: warm-up starts
+    first: tuple[float, int, int] | None = None  # (time, SF frames, samples collected)
     start: tuple[float, int, int] | None = None  # (time, SF frames, samples collected)
     end: tuple[float, int, int] | None = None
     lags: list[float] = field(default_factory=list)
@@ -141,6 +143,7 @@ class Window:
             return self.end is not None
         if self.first_t is None:
             self.first_t = t
+            self.first = (t, sf_frames, samples)
             log(f"training started; warm-up {self.warmup:.0f} s")
         elif self.start is None and t - self.first_t >= self.warmup:
             self.start = (t, sf_frames, samples)
@@ -252,7 +255,9 @@ def run_sf(args: argparse.Namespace) -> dict[str, Any]:
 
     status = runner.init()
     if status != ExperimentStatus.SUCCESS:
-        raise RuntimeError(f"Sample Factory failed to initialise (status {status})")
+        raise RuntimeError(
+            f"Sample Factory failed to initialise (status {status}); see its log above"
+        )
     timer = Timer(runner.event_loop, 1.0)
     timer.timeout.connect(Watchdog(runner.event_loop, "sf_runner_watchdog").tick)
     status = runner.run()
@@ -261,7 +266,7 @@ def run_sf(args: argparse.Namespace) -> dict[str, Any]:
     if window.start is None or window.end is None:
         raise RuntimeError(f"Sample Factory stopped before the window closed (status {status})")
 
-    t0, f0, s0 = window.start
+    t0, f0, _ = window.start
     t1, f1, s1 = window.end
     frameskip = int(cfg.env_frameskip)
     sf_frames = f1 - f0
@@ -270,11 +275,11 @@ def run_sf(args: argparse.Namespace) -> dict[str, Any]:
     else:
         env_steps, frames = sf_frames, sf_frames * frameskip
     elapsed = t1 - t0
-    if s1 > s0:
-        log(
-            f"cross-check: SF frames / sampled agent steps in the window = "
-            f"{sf_frames / (s1 - s0):.2f} (frameskip {frameskip})"
-        )
+    if window.first is not None and s1 > window.first[2]:
+        # samples_collected arrives every 3 s per inference worker: coarse, so take the
+        # longest span (warm-up start to window end)
+        ratio = (f1 - window.first[1]) / (s1 - window.first[2])
+        log(f"cross-check: SF frames / sampled agent steps = {ratio:.2f} (frameskip {frameskip})")
     lag = sum(window.lags) / len(window.lags) if window.lags else None
     return {
         "system": "sample-factory",

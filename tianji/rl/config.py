@@ -134,6 +134,10 @@ class InferenceConfig:
     service (with ``splits = K`` the other groups are stepping meanwhile)."""
     max_batch_envs: int = 0
     """At most this many observations per forward pass (0: no limit)."""
+    offload_above_ms: float = 0.5
+    """A forward pass runs in a worker thread (the event loop keeps receiving and replying)
+    when a pass over 8 observations takes longer than this; cheaper ones (a small MLP) run
+    inline, where the thread hand-off would cost more than the pass. 0: always the thread."""
     device: str = "auto"
     """Torch device of the forward pass ("auto": CUDA when available)."""
     torch_threads: int = 1
@@ -141,8 +145,9 @@ class InferenceConfig:
 
     def __post_init__(self) -> None:
         _positive("inference", self, ("count", "torch_threads"))
-        if self.max_wait_ms < 0:
-            raise ConfigError("inference.max_wait_ms", self.max_wait_ms, "a number >= 0")
+        for key in ("max_wait_ms", "offload_above_ms"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"inference.{key}", getattr(self, key), "a number >= 0")
         for key in ("batch_requests", "max_batch_envs"):
             if type(getattr(self, key)) is not int or getattr(self, key) < 0:
                 raise ConfigError(f"inference.{key}", getattr(self, key), "an int >= 0")

@@ -123,7 +123,9 @@ class InferenceStat:
     REQUESTS_PER_PASS: Final = "requests_per_pass"
     ENVS_PER_PASS: Final = "envs_per_pass"
     FORWARD_S: Final = "forward_s"
-    """Seconds spent in forward passes (in the worker thread)."""
+    """Seconds spent in forward passes."""
+    INLINE: Final = "inline"
+    """1.0 while forward passes run inline on the event loop (cheaper than a thread hand-off)."""
 
 
 class MonitorStat:

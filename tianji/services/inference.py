@@ -8,7 +8,9 @@ service (actor ``i`` to service ``i % [inference] count``) and wait for
   ``batch_requests`` of them (default: one per actor it serves), at most
   ``max_batch_envs`` observations, and runs the policy once for all;
 * runs the forward pass in a worker thread, so requests keep arriving (they form the next
-  batch) and the event loop stays responsive while the network runs;
+  batch) and the event loop stays responsive while the network runs; a pass that costs
+  less than a thread hand-off (under ``[inference] offload_above_ms`` for 8 observations,
+  e.g. a small MLP) runs inline instead;
 * keeps per-env state slots (:class:`~tianji.rl.slots.StateSlots`) for algorithms with
   ``recurrent = True`` (``initial_state(n)``, ``act(obs, explore=..., state=...)``
   returning ``next_state``);
@@ -71,6 +73,9 @@ class InferenceService(Service):
         self._pending: ParamsPublished | None = None
         self._have_params = asyncio.Event()
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=name)
+        self.offload_above = inference.offload_above_ms / 1000.0
+        self._per_obs: float | None = None  # forward seconds per observation (moving mean)
+        self._inline = False  # the first passes run in the thread until measured
         self.gauges[InferenceStat.FORWARD_S] = 0.0
         self.subscribe(observations_topic(index, inference.count), self.on_observations)
         self.subscribe(LATEST_PARAMS, self.on_params)
@@ -120,8 +125,13 @@ class InferenceService(Service):
                 batch = await self._next_batch()
                 self._apply_params()  # between forward passes: never while one runs
                 started = time.perf_counter()
-                out = await loop.run_in_executor(self._executor, self._forward, batch)
-                self.gauges[InferenceStat.FORWARD_S] += time.perf_counter() - started
+                if self._inline:
+                    out = self._forward(batch)
+                else:
+                    out = await loop.run_in_executor(self._executor, self._forward, batch)
+                took = time.perf_counter() - started
+                self.gauges[InferenceStat.FORWARD_S] += took
+                self._choose_thread(took, sum(len(r.obs) for r in batch))
                 await self._answer(batch, out)
         finally:
             self._executor.shutdown(wait=False, cancel_futures=True)
@@ -151,6 +161,18 @@ class InferenceService(Service):
             batch.append(request)
             envs += len(request.obs)
         return batch
+
+    def _choose_thread(self, took: float, envs: int) -> None:
+        """Where the next pass runs: inline while a pass over 8 observations costs less than
+        ``[inference] offload_above_ms`` (a moving mean per observation), where a thread
+        hand-off would cost more than the pass (an MLP on CartPole); in the worker thread
+        otherwise (a CNN), so the loop keeps receiving and replying meanwhile."""
+        if self.offload_above <= 0:
+            return
+        per_obs = took / max(1, envs)
+        self._per_obs = per_obs if self._per_obs is None else 0.9 * self._per_obs + 0.1 * per_obs
+        self._inline = self._per_obs * 8 < self.offload_above
+        self.gauges[InferenceStat.INLINE] = float(self._inline)
 
     def _apply_params(self) -> None:
         if self._pending is not None:

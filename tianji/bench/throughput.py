@@ -1,0 +1,266 @@
+"""``tianji bench throughput``: steady-state env steps/s and frames/s, learning on.
+
+One invocation measures, side by side on this machine, every cell of :func:`plan_cells`
+for each env (``cartpole``: CartPole-v1; ``pong``: ALE/Pong-v5 with the Atari preset),
+PPO with 2 actors x 4 envs everywhere:
+
+* ``tianji``, local policies and the inference service (``[inference] count`` M = 1, 2;
+  ``[actors] splits`` 1, 2), controller ``relaxed``; for Pong also ``sync`` and
+  ``unbalanced`` (actors never wait: the sampling rate with a learner running beside);
+* ``bare``: the ceiling, the same 8 envs in a gymnasium ``AsyncVectorEnv`` stepped with
+  the same network's forward pass in one process (:mod:`tianji.bench.bare`): no learning,
+  no runtime;
+* ``sample-factory``: Sample Factory 2.1.1 APPO, 2 workers x 4 envs, learning on, run by
+  ``--peer-python`` (its own environment: :mod:`tianji.bench.sf_runner` says how to make
+  it).
+
+Every cell is a fresh process. Rates are steady state: env steps counted over
+``--seconds`` after a warm-up that starts when the first env steps arrive (tianji: from
+the run's metrics rows, every 2 s). Frames are env steps x the frame skip (4 for the Atari
+preset), as Sample Factory counts them. Output: a markdown table with the ratios the
+goals name, or ``--json``; ``--out DIR`` writes ``throughput.json`` and ``throughput.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from tianji.bench.train import machine
+
+__all__ = ["ENVS", "Cell", "plan_cells", "run_config", "steady_rate"]
+
+ENVS: dict[str, dict[str, Any]] = {
+    "cartpole": {"id": "CartPole-v1"},
+    "pong": {"id": "ALE/Pong-v5", "preset": "atari"},
+}
+FRAME_SKIP = {"cartpole": 1, "pong": 4}
+WORKERS, ENVS_PER_WORKER = 2, 4
+
+ALGO: dict[str, dict[str, Any]] = {
+    "cartpole": {  # examples/cartpole_ppo.toml
+        "fragments_per_batch": 2,
+        "lr": 4e-3,
+        "lr_anneal_updates": 200,
+        "lr_floor": 0.1,
+        "gamma": 0.98,
+        "gae_lambda": 0.8,
+        "update_epochs": 5,
+        "num_minibatches": 2,
+        "ent_coef": 0.0,
+        "clip_value_loss": False,
+    },
+    "pong": {  # examples/pong_ppo.toml
+        "fragments_per_batch": 2,
+        "lr": 2.5e-4,
+        "clip_coef": 0.1,
+        "ent_coef": 0.01,
+        "update_epochs": 2,
+        "num_minibatches": 4,
+    },
+}
+FRAGMENT = {"cartpole": 64, "pong": 128}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Cell:
+    """One measured configuration (a row of the report)."""
+
+    system: str  # "tianji", "bare" or "sample-factory"
+    env: str  # a key of ENVS
+    inference: str = "local"  # "local" or "service"
+    inference_count: int = 0
+    splits: int = 1
+    mode: str = "relaxed"
+
+    @property
+    def label(self) -> str:
+        if self.system != "tianji":
+            return self.system
+        where = "local" if self.inference == "local" else f"service M={self.inference_count}"
+        return f"tianji {where} K={self.splits} {self.mode}"
+
+
+def plan_cells(envs: list[str], *, peer: bool, quick: bool) -> list[Cell]:
+    """The cells of one run, per env in order (see the module docstring)."""
+    cells: list[Cell] = []
+    for env in envs:
+        cells.append(Cell("tianji", env))
+        variants = [(1, 1), (2, 2)] if quick else [(1, 1), (1, 2), (2, 1), (2, 2)]
+        cells += [Cell("tianji", env, "service", m, k) for m, k in variants]
+        if env == "pong" and not quick:
+            cells += [Cell("tianji", env, mode="sync"), Cell("tianji", env, mode="unbalanced")]
+            cells.append(Cell("tianji", env, "service", 1, 2, mode="sync"))
+        cells.append(Cell("bare", env))
+        if peer:
+            cells.append(Cell("sample-factory", env))
+    return cells
+
+
+def run_config(cell: Cell, seconds: float) -> dict[str, Any]:
+    """The tianji run config (as data) of a cell, stopping after ``seconds``."""
+    actors: dict[str, Any] = {
+        "count": WORKERS,
+        "envs_per_actor": ENVS_PER_WORKER,
+        "fragment_length": FRAGMENT[cell.env],
+        "inference": cell.inference,
+        "splits": cell.splits,
+    }
+    data: dict[str, Any] = {
+        "algorithm": "ppo",
+        "transport": "tcp",
+        "run_dir": "",
+        "env": dict(ENVS[cell.env]),
+        "actors": actors,
+        "learner": {"max_policy_lag": 2, "prefetch": 1},
+        "controller": {"mode": cell.mode, "lag_target": 1},
+        "algo": dict(ALGO[cell.env]),
+        "stop": {"max_seconds": seconds},
+    }
+    if cell.inference == "service":
+        data["inference"] = {"count": cell.inference_count}
+    if cell.mode == "sync":  # the learner's batch: one fragment per actor
+        data["algo"]["fragments_per_batch"] = WORKERS
+    return data
+
+
+def steady_rate(rows: list[dict[str, Any]], warmup: float) -> tuple[float, float, dict[str, Any]]:
+    """``(env steps/s, seconds, last row)`` over the metrics rows from ``warmup`` seconds
+    after the first row with env steps to the last row.
+
+    Raises:
+        ValueError: if fewer than two rows fall in that window.
+    """
+    started = next((r["t"] for r in rows if r["env_steps"] > 0), None)
+    if started is None:
+        raise ValueError("no env steps were reported")
+    window = [r for r in rows if r["t"] >= started + warmup and r.get("services")]
+    if len(window) < 2:
+        raise ValueError(f"{len(window)} metrics rows after the warm-up: run longer")
+    first, last = window[0], window[-1]
+    seconds = last["t"] - first["t"]
+    return (last["env_steps"] - first["env_steps"]) / seconds, seconds, last
+
+
+def _tianji_worker() -> int:
+    """Run one tianji cell from ``{"config", "warmup"}`` on stdin; print its JSON row."""
+    import io
+
+    from tianji.rl.config import RunConfig, build_dataclass
+    from tianji.run.train import train
+
+    job = json.loads(sys.stdin.read())
+    config: RunConfig = build_dataclass(RunConfig, job["config"], "")
+    with tempfile.TemporaryDirectory() as tmp:
+        metrics = Path(tmp) / "metrics.jsonl"
+        summary = train(config, out=io.StringIO(), metrics_path=str(metrics))
+        rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    rate, seconds, last = steady_rate(rows, job["warmup"])
+    services = summary.get("services") or {}
+    inference = [s.get("counters", {}) for n, s in services.items() if n.startswith("inference")]
+    print(
+        json.dumps(
+            {
+                "env_steps_per_s": rate,
+                "seconds": seconds,
+                "policy_lag_mean": (last.get("lag") or {}).get("mean"),
+                "learner_updates": last.get("learner_updates"),
+                "requests_per_pass": [
+                    round(c.get("requests", 0) / max(1, c.get("forward_passes", 0)), 2)
+                    for c in inference
+                ],
+                "stop_reason": summary.get("stop_reason"),
+            }
+        )
+    )
+    return 0
+
+
+def _run_process(cmd: list[str], stdin: str | None, timeout: float) -> dict[str, Any]:
+    proc = subprocess.run(
+        cmd,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "TIANJI_LOG_LEVEL": "WARNING"},
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-6:]
+        return {"error": f"exit {proc.returncode}: " + " | ".join(tail)}
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
+
+
+def measure(cell: Cell, seconds: float, warmup: float, peer_python: str | None) -> dict[str, Any]:
+    """Run one cell in a fresh process; its report row."""
+    budget = seconds + warmup
+    if cell.system == "tianji":
+        job = {"config": run_config(cell, budget + 15.0), "warmup": warmup}
+        cmd = [sys.executable, "-m", "tianji.bench.throughput", "--worker"]
+        out = _run_process(cmd, json.dumps(job), budget + 180)
+    elif cell.system == "bare":
+        cmd = [sys.executable, "-m", "tianji.bench.bare", "--env", cell.env]
+        cmd += ["--envs", str(WORKERS * ENVS_PER_WORKER), "--seconds", str(seconds)]
+        cmd += ["--warmup", str(min(warmup, 5.0))]
+        out = _run_process(cmd, None, budget + 120)
+    else:
+        assert peer_python is not None
+        runner = Path(__file__).with_name("sf_runner.py")
+        with tempfile.TemporaryDirectory() as tmp:
+            cmd = [peer_python, str(runner), "--env", cell.env, "--workers", str(WORKERS)]
+            cmd += ["--envs-per-worker", str(ENVS_PER_WORKER), "--seconds", str(seconds)]
+            cmd += ["--warmup", str(warmup), "--train-dir", tmp]
+            out = _run_process(cmd, None, budget + 300)
+    row: dict[str, Any] = {
+        "system": cell.system,
+        "env": ENVS[cell.env]["id"],
+        "inference": cell.inference if cell.system == "tianji" else None,
+        "inference_count": cell.inference_count if cell.inference == "service" else 0,
+        "splits": cell.splits,
+        "mode": cell.mode if cell.system == "tianji" else None,
+        "label": cell.label,
+        **out,
+    }
+    if "env_steps_per_s" in row:
+        row["frames_per_s"] = row["env_steps_per_s"] * FRAME_SKIP[cell.env]
+    return row
+
+
+def run_bench(
+    envs: list[str], seconds: float, warmup: float, peer_python: str | None, quick: bool
+) -> dict[str, Any]:
+    """Measure every cell (progress on stderr); the report as JSON data (its goals are
+    added by :func:`tianji.bench.throughput_report.goals`)."""
+    cells = plan_cells(envs, peer=peer_python is not None, quick=quick)
+    rows = []
+    for i, cell in enumerate(cells, 1):
+        started = time.monotonic()
+        print(f"[{i}/{len(cells)}] {cell.env}: {cell.label} ...", file=sys.stderr, flush=True)
+        row = measure(cell, seconds, warmup, peer_python)
+        rate = row.get("env_steps_per_s")
+        took = time.monotonic() - started
+        shown = f"{rate:,.0f} env steps/s" if rate is not None else f"error: {row['error']}"
+        print(f"    {shown} ({took:.0f} s)", file=sys.stderr, flush=True)
+        rows.append(row)
+    return {
+        "benchmark": "throughput",
+        "seconds": seconds,
+        "warmup": warmup,
+        "machine": machine(),
+        "rows": rows,
+    }
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--worker"]:
+        sys.exit(_tianji_worker())
+    sys.exit(f"usage: python -m {__spec__.name if __spec__ else __name__} --worker")
