@@ -20,7 +20,7 @@ def test_the_full_plan_has_every_inference_mode_both_envs_the_peer_and_the_ceili
     pong = [c for c in cells if c.env == "pong"]
     services = {(c.inference_count, c.splits) for c in pong if c.inference == "service"}
     assert services == {(1, 1), (1, 2), (2, 1), (2, 2)}
-    assert {c.mode for c in pong if c.system == "tianji"} == {"relaxed", "sync", "unbalanced"}
+    assert {c.mode for c in pong if c.system == "tianji"} == {"relaxed", "sync", "sampling"}
     assert {c.system for c in cells} == {"tianji", "bare", "sample-factory"}
     quick = plan_cells(["cartpole"], peer=False, quick=True)
     assert {c.system for c in quick} == {"tianji", "bare"}
@@ -32,6 +32,7 @@ def test_a_cell_config_is_the_example_with_the_cell_s_inference_and_mode() -> No
     assert data["env"] == example["env"] == ENVS["pong"]
     assert ALGO["pong"] == example["algo"]
     assert FRAGMENT["pong"] == example["actors"]["fragment_length"]
+    assert {k: v for k, v in data["learner"].items()} == example["learner"]
     assert data["actors"]["splits"] == 2 and data["inference"] == {"count": 2}
     assert data["controller"]["mode"] == "sync" and data["algo"]["fragments_per_batch"] == 2
     cartpole = tomllib.loads((EXAMPLES / "cartpole_ppo.toml").read_text())
@@ -71,7 +72,7 @@ def test_goals_compare_the_best_rows_of_each_side_and_say_when_one_is_missing() 
     rows = [
         row("tianji", "ALE/Pong-v5", 300.0),
         row("tianji", "ALE/Pong-v5", 390.0, "service"),
-        row("tianji", "ALE/Pong-v5", 500.0, "local", "unbalanced"),
+        row("tianji", "ALE/Pong-v5", 500.0, "local", "sampling"),
         row("sample-factory", "ALE/Pong-v5", 200.0),
         row("bare", "ALE/Pong-v5", 700.0),
         row("tianji", "CartPole-v1", 1000.0),
@@ -81,7 +82,7 @@ def test_goals_compare_the_best_rows_of_each_side_and_say_when_one_is_missing() 
     assert pong_sf["measured"] == pytest.approx(1.95) and pong_sf["status"] == "PASS"
     service = by_goal["ALE/Pong-v5: inference service (best) >= 1.2 x local policies"]
     assert service["measured"] == pytest.approx(1.3) and service["status"] == "PASS"
-    bare = by_goal["ALE/Pong-v5: tianji sampling (unbalanced) >= 0.8 x bare AsyncVectorEnv"]
+    bare = by_goal["ALE/Pong-v5: tianji sampling (no learning) >= 0.8 x bare AsyncVectorEnv"]
     assert bare["measured"] == pytest.approx(0.714, abs=1e-3) and bare["status"] == "MISS"
     cartpole = by_goal["CartPole-v1: tianji best relaxed >= 2 x sample-factory env steps/s"]
     assert cartpole["status"] == "N/A"

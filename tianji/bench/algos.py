@@ -10,6 +10,11 @@ learner's worker thread sleeps: the CPU stays free for others) to every update.
 
 Use them as ``algorithm = "tianji.bench.algos:DelayedPPO"`` with ``[algo] update_ms = 250``
 (and the algorithm's own settings), or ``tianji bench train --update-ms 250``.
+
+:class:`SamplingPPO` is the other extreme: a learner that consumes batches and publishes
+weights without computing anything, so a run measures the sampling path alone (actors,
+inference, transports, buffer): ``tianji bench throughput``'s ``sampling`` cells, set
+against the bare ``AsyncVectorEnv`` ceiling.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from tianji.algorithms.ppo import PPO, PPOConfig
 from tianji.rl.algorithm import UpdateResult
 from tianji.rl.errors import ConfigError
 
-__all__ = ["DELAYED", "DelayedDQN", "DelayedPPO", "DelayedUpdate"]
+__all__ = ["DELAYED", "DelayedDQN", "DelayedPPO", "DelayedUpdate", "SamplingPPO"]
 
 
 def _check(update_ms: float) -> float:
@@ -72,6 +77,15 @@ class DelayedDQN(DelayedUpdate, DQN):
     """DQN whose every update waits ``config.update_ms`` ms more (see the module docstring)."""
 
     Config = DelayedDQNConfig
+
+
+class SamplingPPO(PPO):
+    """PPO whose update only counts: the batch is consumed, the version advances, the
+    weights stay (see the module docstring). Acting is PPO's, the same network's."""
+
+    def update(self, batch: Mapping[str, np.ndarray]) -> UpdateResult:
+        self.version += 1
+        return UpdateResult(metrics={"transitions": float(np.asarray(batch["reward"]).size)})
 
 
 DELAYED = {"ppo": "tianji.bench.algos:DelayedPPO", "dqn": "tianji.bench.algos:DelayedDQN"}

@@ -5,8 +5,10 @@ for each env (``cartpole``: CartPole-v1; ``pong``: ALE/Pong-v5 with the Atari pr
 PPO with 2 actors x 4 envs everywhere:
 
 * ``tianji``, local policies and the inference service (``[inference] count`` M = 1, 2;
-  ``[actors] splits`` 1, 2), controller ``relaxed``; for Pong also ``sync`` and
-  ``unbalanced`` (actors never wait: the sampling rate with a learner running beside);
+  ``[actors] splits`` 1, 2), controller ``relaxed``; for Pong also ``sync``, and
+  ``sampling``: the learner consumes without computing
+  (:class:`tianji.bench.algos.SamplingPPO`, controller ``unbalanced``), so the cell
+  measures the sampling path alone, against the bare ceiling;
 * ``bare``: the ceiling, the same 8 envs in a gymnasium ``AsyncVectorEnv`` stepped with
   the same network's forward pass in one process (:mod:`tianji.bench.bare`): no learning,
   no runtime;
@@ -67,6 +69,7 @@ ALGO: dict[str, dict[str, Any]] = {
     },
 }
 FRAGMENT = {"cartpole": 64, "pong": 128}
+LEARNER: dict[str, dict[str, Any]] = {"cartpole": {}, "pong": {"torch_threads": 2}}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -96,16 +99,23 @@ def plan_cells(envs: list[str], *, peer: bool, quick: bool) -> list[Cell]:
         variants = [(1, 1), (2, 2)] if quick else [(1, 1), (1, 2), (2, 1), (2, 2)]
         cells += [Cell("tianji", env, "service", m, k) for m, k in variants]
         if env == "pong" and not quick:
-            cells += [Cell("tianji", env, mode="sync"), Cell("tianji", env, mode="unbalanced")]
-            cells.append(Cell("tianji", env, "service", 1, 2, mode="sync"))
+            cells += [
+                Cell("tianji", env, mode="sync"),
+                Cell("tianji", env, "service", 1, 2, "sync"),
+            ]
+            cells += [Cell("tianji", env, mode="sampling")]
+            cells += [Cell("tianji", env, "service", m, k, "sampling") for m, k in ((1, 2), (2, 2))]
         cells.append(Cell("bare", env))
         if peer:
             cells.append(Cell("sample-factory", env))
     return cells
 
 
-def run_config(cell: Cell, seconds: float) -> dict[str, Any]:
-    """The tianji run config (as data) of a cell, stopping after ``seconds``."""
+def run_config(
+    cell: Cell, seconds: float, overrides: dict[str, dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """The tianji run config (as data) of a cell, stopping after ``seconds``, with
+    ``overrides`` (section -> settings) applied last."""
     actors: dict[str, Any] = {
         "count": WORKERS,
         "envs_per_actor": ENVS_PER_WORKER,
@@ -113,14 +123,15 @@ def run_config(cell: Cell, seconds: float) -> dict[str, Any]:
         "inference": cell.inference,
         "splits": cell.splits,
     }
+    sampling = cell.mode == "sampling"
     data: dict[str, Any] = {
-        "algorithm": "ppo",
+        "algorithm": "tianji.bench.algos:SamplingPPO" if sampling else "ppo",
         "transport": "tcp",
         "run_dir": "",
         "env": dict(ENVS[cell.env]),
         "actors": actors,
-        "learner": {"max_policy_lag": 2, "prefetch": 1},
-        "controller": {"mode": cell.mode, "lag_target": 1},
+        "learner": {"max_policy_lag": 2, "prefetch": 1, **LEARNER[cell.env]},
+        "controller": {"mode": "unbalanced" if sampling else cell.mode, "lag_target": 1},
         "algo": dict(ALGO[cell.env]),
         "stop": {"max_seconds": seconds},
     }
@@ -128,6 +139,8 @@ def run_config(cell: Cell, seconds: float) -> dict[str, Any]:
         data["inference"] = {"count": cell.inference_count}
     if cell.mode == "sync":  # the learner's batch: one fragment per actor
         data["algo"]["fragments_per_batch"] = WORKERS
+    for section, settings in (overrides or {}).items():
+        data.setdefault(section, {}).update(settings)
     return data
 
 
@@ -200,11 +213,18 @@ def _run_process(cmd: list[str], stdin: str | None, timeout: float) -> dict[str,
     return result
 
 
-def measure(cell: Cell, seconds: float, warmup: float, peer_python: str | None) -> dict[str, Any]:
-    """Run one cell in a fresh process; its report row."""
+def measure(
+    cell: Cell,
+    seconds: float,
+    warmup: float,
+    peer_python: str | None,
+    overrides: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """Run one cell in a fresh process; its report row (``overrides``: see
+    :func:`run_config`)."""
     budget = seconds + warmup
     if cell.system == "tianji":
-        job = {"config": run_config(cell, budget + 15.0), "warmup": warmup}
+        job = {"config": run_config(cell, budget + 15.0, overrides), "warmup": warmup}
         cmd = [sys.executable, "-m", "tianji.bench.throughput", "--worker"]
         out = _run_process(cmd, json.dumps(job), budget + 180)
     elif cell.system == "bare":
