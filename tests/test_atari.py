@@ -4,6 +4,10 @@ uint8 pixels all the way into the network, and a CNN that learns a small pixel t
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -14,6 +18,7 @@ from tianji.algorithms._nets import NatureCNN
 from tianji.algorithms.dqn import DQN, DQNConfig
 from tianji.algorithms.ppo import PPO, PPOConfig
 
+from tianji.cli import main
 from tianji.rl.config import EnvConfig
 from tianji.rl.envs import env_factory, env_spaces, make_vector_env
 from tianji.runtime.errors import ConfigError
@@ -201,3 +206,25 @@ def test_a_ppo_cnn_learns_which_side_the_square_is_on() -> None:
     greedy = ppo.act(obs, explore=False)["action"]
     assert np.mean(accuracy[:3]) < 0.7  # chance at first
     assert float((greedy == sides).mean()) > 0.95
+
+
+@pytest.mark.slow
+def test_the_pong_example_trains_checkpoints_and_eval_records_a_video(tmp_path: Path) -> None:
+    pytest.importorskip("imageio_ffmpeg", reason="the video extra writes .mp4 through ffmpeg")
+    example = Path(__file__).parents[1] / "examples" / "pong_ppo.toml"
+    cmd = [sys.executable, "-m", "tianji", "train", str(example), "--no-dashboard"]
+    cmd += ["--set", f'run_dir="{tmp_path}"', "--set", "stop.max_env_steps=2048"]
+    cmd += ["--set", "checkpoint.every_updates=1", "--summary", str(tmp_path / "summary.json")]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["learner_updates"] >= 1 and summary["env_steps"] >= 2048
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    assert list((run_dir / "checkpoints").glob("*.tjc"))
+    video = tmp_path / "pong.mp4"
+    args = ["eval", str(run_dir), "--episodes", "1", "--video", str(video), "--json"]
+    assert main(args) == 0
+    import imageio.v3 as iio
+
+    frames = iio.improps(video).shape[0]
+    assert frames > 100  # a whole game of Pong, not a few frames

@@ -240,6 +240,10 @@ def measure(
             cmd += ["--envs-per-worker", str(ENVS_PER_WORKER), "--seconds", str(seconds)]
             cmd += ["--warmup", str(warmup), "--train-dir", tmp]
             out = _run_process(cmd, None, budget + 300)
+    if "env" in out:  # the peer's own id for the env (e.g. PongNoFrameskip-v4)
+        out["peer_env"] = out.pop("env")
+    if "policy_lag" in out:  # Sample Factory's mean lag, in its own units
+        out["policy_lag_mean"] = out.pop("policy_lag")
     row: dict[str, Any] = {
         "system": cell.system,
         "env": ENVS[cell.env]["id"],
