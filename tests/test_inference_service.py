@@ -142,28 +142,22 @@ async def _run(actors: list[FakeActor], **inference: Any) -> list[InferenceServi
     return services
 
 
+def ask(actor: str, request_id: int, features: int = 4, ids: int = 2) -> ComputeActions:
+    return ComputeActions(
+        actor=actor,
+        request_id=request_id,
+        obs=np.zeros((2, features), np.float32),
+        env_ids=np.arange(ids, dtype=np.int32),
+        starts=np.ones(2, bool),
+    )
+
+
 def test_a_malformed_request_is_refused_and_counted_and_the_others_are_served() -> None:
     svc = InferenceService("inference-0", config=run_config(), index=0, bind=BIND)
-    good = ComputeActions(
-        actor="actor-0",
-        request_id=1,
-        obs=np.zeros((2, 4), np.float32),
-        env_ids=np.arange(2, dtype=np.int32),
-        starts=np.ones(2, bool),
-    )
-    wrong_shape = ComputeActions(
-        actor="actor-0",
-        request_id=2,
-        obs=np.zeros((2, 5), np.float32),
-        env_ids=np.arange(2, dtype=np.int32),
-        starts=np.ones(2, bool),
-    )
-    wrong_ids = ComputeActions(
-        actor="actor-2",
-        request_id=3,
-        obs=np.zeros((2, 4), np.float32),
-        env_ids=np.arange(3, dtype=np.int32),
-        starts=np.ones(2, bool),
+    good, wrong_shape, wrong_ids = (
+        ask("actor-0", 1),
+        ask("actor-0", 2, features=5),
+        ask("actor-2", 3, ids=3),
     )
 
     async def main() -> int:

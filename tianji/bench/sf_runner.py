@@ -55,6 +55,12 @@ goes to stderr: SF's frames divided by the inference workers' count of agent ste
 ``policy_lag`` is the mean of the learner's ``version_diff_avg`` summaries (SF's "Policy #0
 lag" avg) received in the window, or null when none arrived.
 
+Learning curves: ``--curve EVERY`` (with ``--warmup 0`` and ``--seconds`` the whole budget)
+adds ``"curve"`` to the JSON: a point every EVERY seconds since launch with SF's frames, agent
+steps and the mean true return of the last 20 episodes (``RecordEpisodeStatistics``' whole
+games for Atari; SF's episode reward otherwise), as ``benchmarks/learning_curve.py`` prints
+tianji's. SF's Pong is ``PongNoFrameskip-v4``: no sticky actions, unlike ``ALE/Pong-v5``.
+
 Pitfall: in gymnasium 0.29 the ALE ids (``PongNoFrameskip-v4``) exist only after
 ``import ale_py``; SF's env processes are spawned, so the env factory imports it itself.
 """
@@ -123,6 +129,58 @@ def make_atari(
     )
 
     return make_atari_env(full_env_name, cfg, env_config, render_mode=render_mode)
+
+
+@dataclass
+class Curve:
+    """A learning curve: every ``every`` seconds of the run (from the script's launch, as
+    tianji's metrics rows count), frames and the mean true return of the last ``window``
+    episodes (``RecordEpisodeStatistics``' whole games where the env records them, else
+    SF's episode reward)."""
+
+    every: float
+    window: int = 20
+    returns: list[float] = field(default_factory=list)
+    points: list[dict[str, Any]] = field(default_factory=list)
+    next_t: float = 0.0
+
+    def on_episodes(self, stats: dict[str, Any]) -> None:
+        found = _find(stats, "RecordEpisodeStatistics_reward")
+        if found is None:
+            found = _find(stats, "reward")
+        if found is not None:
+            values = found.tolist() if hasattr(found, "tolist") else found
+            self.returns.extend(
+                float(v) for v in (values if isinstance(values, list) else [values])
+            )
+
+    def on_steps(self, t: float, sf_frames: int, frameskip: int, force: bool = False) -> None:
+        if t < self.next_t and not force:
+            return
+        recent = self.returns[-self.window :]
+        self.points.append(
+            {
+                "t": round(t, 3),
+                "frames": sf_frames,
+                "env_steps": sf_frames // frameskip,
+                "mean_return": sum(recent) / len(recent) if recent else None,
+                "episodes": len(self.returns),
+            }
+        )
+        while self.next_t <= t:
+            self.next_t += self.every
+
+
+def _find(tree: Any, key: str) -> Any:
+    """The value under ``key`` anywhere in nested dicts (SF nests episodic stats)."""
+    if isinstance(tree, dict):
+        if key in tree:
+            return tree[key]
+        for value in tree.values():
+            found = _find(value, key)
+            if found is not None:
+                return found
+    return None
 
 
 @dataclass
@@ -197,6 +255,7 @@ def build_cfg(args: argparse.Namespace) -> Any:
 def run_sf(args: argparse.Namespace) -> dict[str, Any]:
     """Train until the window closes; return the JSON record. Raises RuntimeError on failure."""
     from sample_factory.algo.utils.misc import (  # type: ignore[import-not-found, unused-ignore]
+        EPISODIC,
         LEARNER_ENV_STEPS,
         TRAIN_STATS,
         ExperimentStatus,
@@ -216,6 +275,8 @@ def run_sf(args: argparse.Namespace) -> dict[str, Any]:
     cfg = build_cfg(args)
     cfg, runner = make_runner(cfg)
     window = Window(warmup=args.warmup, seconds=args.seconds)
+    curve = Curve(every=args.curve) if args.curve else None
+    frameskip_of_env = int(cfg.env_frameskip) if cfg.summaries_use_frameskip else 1
     launched = time.monotonic()
     stop_requested: list[float] = []  # time of the stop request, once made
     failure: list[str] = []
@@ -230,11 +291,18 @@ def run_sf(args: argparse.Namespace) -> dict[str, Any]:
 
     def on_env_steps(_runner: Any, msg: dict[str, Any], policy_id: int) -> None:
         # runs after SF's own handler, so runner.env_steps is up to date
+        now = time.monotonic()
         done = window.on_steps(
-            time.monotonic(), int(msg[LEARNER_ENV_STEPS]), int(runner.samples_collected[policy_id])
+            now, int(msg[LEARNER_ENV_STEPS]), int(runner.samples_collected[policy_id])
         )
+        if curve is not None:
+            curve.on_steps(now - launched, int(msg[LEARNER_ENV_STEPS]), frameskip_of_env, done)
         if done:
             request_stop("window complete")
+
+    def on_episodic(_runner: Any, msg: dict[str, Any], policy_id: int) -> None:
+        if curve is not None:
+            curve.on_episodes(msg[EPISODIC])
 
     def on_train_stats(_runner: Any, msg: dict[str, Any], policy_id: int) -> None:
         lag = msg[TRAIN_STATS].get("version_diff_avg")
@@ -252,6 +320,7 @@ def run_sf(args: argparse.Namespace) -> dict[str, Any]:
 
     runner.policy_msg_handlers[LEARNER_ENV_STEPS].append(on_env_steps)
     runner.policy_msg_handlers[TRAIN_STATS].append(on_train_stats)
+    runner.policy_msg_handlers[EPISODIC].append(on_episodic)
 
     status = runner.init()
     if status != ExperimentStatus.SUCCESS:
@@ -294,6 +363,7 @@ def run_sf(args: argparse.Namespace) -> dict[str, Any]:
         "frameskip": frameskip,
         "policy_lag": None if lag is None else round(lag, 3),
         "sf_version": SF_VERSION,
+        **({"curve": curve.points} if curve is not None else {}),
     }
 
 
@@ -318,6 +388,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seconds", type=float, required=True, help="measured window (s)")
     p.add_argument("--warmup", type=float, default=15.0, help="after the first update (s)")
     p.add_argument("--train-dir", required=True, help="SF's train_dir (logs, checkpoints)")
+    p.add_argument(
+        "--curve",
+        type=float,
+        default=0.0,
+        metavar="EVERY",
+        help="also record a learning curve point every EVERY seconds (a learning run: use "
+        "--warmup 0 and --seconds for the whole budget)",
+    )
     args = p.parse_args(argv)
     if args.workers < 1 or args.envs_per_worker < 1 or args.seconds <= 0 or args.warmup < 0:
         p.error("--workers and --envs-per-worker must be >= 1, --seconds > 0, --warmup >= 0")

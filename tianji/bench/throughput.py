@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tianji.bench.train import machine
+from tianji.bench.train import CONFIGS, machine
 
 __all__ = ["ENVS", "Cell", "plan_cells", "run_config", "steady_rate"]
 
@@ -47,18 +47,7 @@ FRAME_SKIP = {"cartpole": 1, "pong": 4}
 WORKERS, ENVS_PER_WORKER = 2, 4
 
 ALGO: dict[str, dict[str, Any]] = {
-    "cartpole": {  # examples/cartpole_ppo.toml
-        "fragments_per_batch": 2,
-        "lr": 4e-3,
-        "lr_anneal_updates": 200,
-        "lr_floor": 0.1,
-        "gamma": 0.98,
-        "gae_lambda": 0.8,
-        "update_epochs": 5,
-        "num_minibatches": 2,
-        "ent_coef": 0.0,
-        "clip_value_loss": False,
-    },
+    "cartpole": CONFIGS["ppo"]["algo"],  # examples/cartpole_ppo.toml
     "pong": {  # examples/pong_ppo.toml
         "fragments_per_batch": 2,
         "lr": 2.5e-4,

@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from tianji.rl.config import RunConfig
+from tianji.rl.envs import env_spaces
 from tianji.rl.events import ActionsComputed, ComputeActions, ParamsPublished
 from tianji.rl.slots import StateSlots
 from tianji.rl.stats import InferenceStat
@@ -38,6 +40,12 @@ from tianji.services.common import make_algorithm, parse_run_config
 __all__ = ["InferenceService"]
 
 log = logging.getLogger(__name__)
+
+
+def _observation_shape(config: RunConfig) -> tuple[int, ...]:
+    """One observation's shape, as the env's observation space gives it."""
+    observation_space, _ = env_spaces(config.env)
+    return tuple(observation_space.shape or ())
 
 
 class InferenceService(Service):
@@ -58,7 +66,7 @@ class InferenceService(Service):
         super().__init__(name, publishes=[actions_topic(a) for a in actors], **kwargs)
         self.config = cfg
         self.algo = make_algorithm(cfg, seed=cfg.seed + index, device=inference.device)
-        self.obs_shape = tuple(self.algo_obs_shape())
+        self.obs_shape = _observation_shape(cfg)
         self.policy_version = -1
         self.batch_requests = inference.batch_requests or max(1, len(actors))
         self.max_batch_envs = inference.max_batch_envs
@@ -79,13 +87,6 @@ class InferenceService(Service):
         self.gauges[InferenceStat.FORWARD_S] = 0.0
         self.subscribe(observations_topic(index, inference.count), self.on_observations)
         self.subscribe(LATEST_PARAMS, self.on_params)
-
-    def algo_obs_shape(self) -> tuple[int, ...]:
-        """One observation's shape, as the env's observation space gives it."""
-        from tianji.rl.envs import env_spaces
-
-        observation_space, _ = env_spaces(self.config.env)
-        return tuple(observation_space.shape or ())
 
     async def on_observations(self, ev: ComputeActions) -> None:
         problem = self._malformed(ev)
