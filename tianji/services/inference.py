@@ -132,8 +132,9 @@ class InferenceService(Service):
                     out = await loop.run_in_executor(self._executor, self._forward, batch)
                 took = time.perf_counter() - started
                 self.gauges[InferenceStat.FORWARD_S] += took
-                self._choose_thread(took, sum(len(r.obs) for r in batch))
-                await self._answer(batch, out)
+                envs = sum(len(r.obs) for r in batch)
+                self._choose_thread(took, envs)
+                await self._answer(batch, out, envs)
         finally:
             self._executor.shutdown(wait=False, cancel_futures=True)
 
@@ -196,8 +197,9 @@ class InferenceService(Service):
             start += len(r.obs)
         return out
 
-    async def _answer(self, batch: list[ComputeActions], out: dict[str, np.ndarray]) -> None:
-        envs = sum(len(r.obs) for r in batch)
+    async def _answer(
+        self, batch: list[ComputeActions], out: dict[str, np.ndarray], envs: int
+    ) -> None:
         self.counters[InferenceStat.REQUESTS] += len(batch)
         self.counters[InferenceStat.ENVS_ANSWERED] += envs
         self.counters[InferenceStat.FORWARD_PASSES] += 1
