@@ -3,11 +3,13 @@ its run configs kept equal to the examples (the measuring itself runs in ``.ci/r
 
 from __future__ import annotations
 
+import sys
 import tomllib
 from pathlib import Path
 
 import pytest
 
+from tianji.bench.spawn import run_json_child
 from tianji.bench.throughput import ALGO, ENVS, FRAGMENT, Cell, plan_cells, run_config, steady_rate
 from tianji.bench.throughput_report import goals, markdown
 from tianji.cli import main
@@ -97,3 +99,20 @@ def test_an_unknown_env_or_a_missing_peer_interpreter_is_a_usage_error(
     assert "breakout" in capsys.readouterr().err
     assert main(["bench", "throughput", "--peer-python", "/no/such/python"]) == 2
     assert "/no/such/python" in capsys.readouterr().err
+
+
+def test_a_bench_child_gives_its_last_json_line_or_its_exit_code_and_last_words() -> None:
+    ok = run_json_child(
+        [sys.executable, "-c", "import sys; print('{\"a\": 1}'); print(sys.stdin.read())"],
+        '{"b": 2}',
+        timeout=30,
+    )
+    assert ok.result == {"b": 2} and ok.error is None
+    failed = run_json_child(
+        [sys.executable, "-c", "import sys; print('{}'); sys.exit('the env blew up')"],
+        None,
+        timeout=30,
+    )
+    assert failed.result is None
+    assert failed.error is not None and failed.error.startswith("exit 1:")
+    assert "the env blew up" in failed.error

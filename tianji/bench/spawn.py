@@ -12,18 +12,52 @@ import asyncio
 import contextlib
 import json
 import os
+import subprocess
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass
 from typing import IO, Any, TypeVar
 
 from tianji.bench.measure import BenchError, BenchTimeout
 from tianji.bench.peer import Job
 
-__all__ = ["Peer", "spawn_peer"]
+__all__ = ["ChildRun", "Peer", "run_json_child", "spawn_peer"]
 
 T = TypeVar("T")
 STOP_TIMEOUT = 3.0  # after SIGTERM, before SIGKILL
+
+
+@dataclass(frozen=True)
+class ChildRun:
+    """What :func:`run_json_child` got: the child's last JSON line (``result``) or why there
+    is none (``error``: exit code and the last lines of its output), and its stderr."""
+
+    result: dict[str, Any] | None
+    error: str | None
+    stderr: str
+
+
+def run_json_child(cmd: list[str], stdin: str | None, timeout: float, tail: int = 6) -> ChildRun:
+    """Run a benchmark child to its end (logs at WARNING) and read the JSON line it prints
+    last on stdout.
+
+    Raises:
+        subprocess.TimeoutExpired: if it runs longer than ``timeout`` seconds (it is killed).
+    """
+    proc = subprocess.run(
+        cmd,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "TIANJI_LOG_LEVEL": "WARNING"},
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        last = (proc.stderr or proc.stdout).strip().splitlines()[-tail:]
+        return ChildRun(None, f"exit {proc.returncode}: " + " | ".join(last), proc.stderr)
+    return ChildRun(json.loads(lines[-1]), None, proc.stderr)
 
 
 class Peer:

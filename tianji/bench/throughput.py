@@ -27,14 +27,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from tianji.bench.spawn import run_json_child
 from tianji.bench.train import CONFIGS, machine
 
 __all__ = ["ENVS", "Cell", "plan_cells", "run_config", "steady_rate"]
@@ -186,20 +185,8 @@ def _tianji_worker() -> int:
 
 
 def _run_process(cmd: list[str], stdin: str | None, timeout: float) -> dict[str, Any]:
-    proc = subprocess.run(
-        cmd,
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "TIANJI_LOG_LEVEL": "WARNING"},
-    )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-6:]
-        return {"error": f"exit {proc.returncode}: " + " | ".join(tail)}
-    result: dict[str, Any] = json.loads(lines[-1])
-    return result
+    run = run_json_child(cmd, stdin, timeout)
+    return run.result if run.result is not None else {"error": run.error}
 
 
 def measure(

@@ -31,11 +31,12 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from tianji.bench.spawn import run_json_child
 
 __all__ = ["CONFIGS", "TARGETS", "aggregate", "markdown", "run_bench"]
 
@@ -185,19 +186,10 @@ def _run_one(
         data = run_config(algo, system, seed, max_seconds, actors, env_step_ms, update_ms)
         stdin = json.dumps(data)
     launched = time.time()
-    proc = subprocess.run(
-        cmd,
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=max_seconds + 120,
-        env={**os.environ, "TIANJI_LOG_LEVEL": "WARNING"},
-    )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
-        return {"system": system, "algorithm": algo, "seed": seed, "error": "\n".join(tail)}
-    result: dict[str, Any] = json.loads(lines[-1])
+    run = run_json_child(cmd, stdin, max_seconds + 120, tail=5)
+    if run.result is None:
+        return {"system": system, "algorithm": algo, "seed": seed, "error": run.error}
+    result = run.result
     result.update(system=system, algorithm=algo, seed=seed)
     if system != "sb3":
         result["actors"] = actors or CONFIGS[algo]["actors"]["count"]
@@ -205,7 +197,7 @@ def _run_one(
     reached = result.get("target_reached_unix")
     result["launch_to_target_s"] = round(reached - launched, 3) if reached else None
     if not reached:  # keep the run's warnings for a look at why
-        result["log_tail"] = [ln for ln in proc.stderr.splitlines() if " WARNING " in ln][-20:]
+        result["log_tail"] = [ln for ln in run.stderr.splitlines() if " WARNING " in ln][-20:]
     return result
 
 
