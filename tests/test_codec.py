@@ -652,10 +652,10 @@ def test_an_empty_body_is_bad_frame_bad_fields() -> None:
         pytest.param("Subscribe", {"topics": ("a", 1)}, id="tuple-item-is-int"),
         pytest.param("Heartbeat", {"name": "n", "role": "r", "state": "s",
                                    "counters": {"a": "1"}, "gauges": {}, "queue_depths": {},
-                                   "sent_at": 1.0}, id="dict-value-is-str"),
+                                   "sent_at": 1.0, "links_down": {}}, id="dict-value-is-str"),
         pytest.param("Heartbeat", {"name": "n", "role": "r", "state": "s",
                                    "counters": {"a": 1}, "gauges": {}, "queue_depths": {},
-                                   "sent_at": "now"}, id="float-is-str"),
+                                   "sent_at": "now", "links_down": {}}, id="float-is-str"),
     ],
 )  # fmt: skip
 def test_a_field_of_the_wrong_type_is_bad_frame_bad_field_type(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import json
 import re
 import shutil
@@ -41,6 +42,7 @@ class FakeMonitor:
         self.reason: str | None = None
         self.checkpoint_version = -1
         self.last_checkpoint: Path | None = None
+        self.env_steps_by_actor: dict[str, int] = {}  # what the progress line reads too
 
     @property
     def env_steps(self) -> int:
@@ -163,6 +165,27 @@ def test_status_has_the_run_state_counters_accounting_and_services() -> None:
     assert body["accounting"]["produced"] == 512 and body["controller"]["mode"] == "relaxed"
     assert [s["name"] for s in body["services"]] == ["actor-0", "buffer-0", "learner-0"]
     assert run_state(monitor, "complete") == ("finished", "complete")
+
+
+def test_status_and_the_progress_line_name_a_link_that_cannot_connect() -> None:
+    from tianji.run.progress import RunFacts, plain_line, take_snapshot
+
+    controller, monitor = a_run(1), FakeMonitor()
+    buffer = controller.registry["buffer-0"]
+    down = {"tcp://127.0.0.1:100": "connect failed: Connection refused (down 3 s, never up)"}
+    beat(controller, dataclasses.replace(buffer.last_heartbeat, links_down=down))
+    body = status(controller, monitor)
+    assert body["links_down"] == [
+        {
+            "subscriber": "buffer-0",
+            "publisher": "actor-0 tcp://127.0.0.1:100",
+            "error": "connect failed: Connection refused (down 3 s, never up)",
+        }
+    ]
+    facts = RunFacts(services=("actor-0", "buffer-0", "learner-0"))
+    line = plain_line(take_snapshot(controller, monitor, 1.0, facts))
+    assert "links down: buffer-0 -> actor-0 tcp://127.0.0.1:100: connect failed" in line
+    assert status(a_run(1), monitor)["links_down"] == []
 
 
 @pytest.mark.parametrize("bad", ["nohost", "127.0.0.1", ":80", "host:http", "h:70000", "::1:80"])

@@ -15,7 +15,7 @@ from tests.test_service_pubsub import Collector, arrays, running, until
 from tianji.launch.hosts import HostLauncher
 from tianji.launch.local import run_local
 from tianji.run.config import load_config
-from tianji.run.deploy import config_digest, require_token, serve_spec
+from tianji.run.deploy import config_digest, listen_where, require_token, route_source, serve_spec
 from tianji.runtime.controller import Controller
 from tianji.runtime.errors import ConfigError, ServiceFailed
 from tianji.runtime.events import ArraysPublished
@@ -83,6 +83,61 @@ def test_serve_names_an_unknown_role_or_index() -> None:
     assert spec.options["index"] == 1
 
 
+def test_serve_listens_where_the_controller_can_reach_it_and_refuses_a_loopback_pair() -> None:
+    assert listen_where("tcp://127.0.0.1:7000", None, None) == ("tcp://127.0.0.1:0", None)
+    # a controller elsewhere: the interface that routes there, advertised as itself
+    local = route_source("127.0.0.5")
+    assert local == "127.0.0.1"
+    assert listen_where("tcp://10.0.0.1:7000", None, "10.0.0.3") == ("tcp://0.0.0.0:0", "10.0.0.3")
+    try:  # a machine with no route to 10/8 says so, naming the controller's host
+        routed = route_source("10.0.0.1")
+    except ConfigError as exc:
+        assert "10.0.0.1" in str(exc)
+    else:
+        bind, advertise = listen_where("tcp://10.0.0.1:7000", None, None)
+        assert bind == f"tcp://{routed}:0" and advertise == routed
+        assert listen_where("tcp://10.0.0.1:7000", "tcp://0.0.0.0:0", None) == (
+            "tcp://0.0.0.0:0",
+            routed,
+        )
+    with pytest.raises(ConfigError, match=r"127\.0\.0\.1:0.*advertised 10\.0\.0\.3"):
+        listen_where("tcp://10.0.0.1:7000", "tcp://127.0.0.1:0", "10.0.0.3")
+    with pytest.raises(ConfigError, match=r"127\.0\.0\.1:0.*tcp://10\.0\.0\.1:7000"):
+        listen_where("tcp://10.0.0.1:7000", "tcp://127.0.0.1:0", None)
+    with pytest.raises(ConfigError, match=r"--controller.*nowhere\.invalid"):
+        listen_where("tcp://nowhere.invalid:7000", None, None)
+    explicit = ("tcp://0.0.0.0:5000", "10.0.0.3")
+    assert listen_where("tcp://10.0.0.1:7000", *explicit) == explicit
+
+
+def test_a_link_that_cannot_connect_is_reported_in_the_heartbeat_and_by_the_controller() -> None:
+    tcp = "tcp://127.0.0.1:0"
+
+    async def main() -> None:
+        ctl = Controller(bind=tcp)
+        async with running(ctl):
+            # registered under 127.0.0.2 (loopback, but nothing listens there): unreachable
+            pub = Service("pub", bind=tcp, advertise="127.0.0.2", controller=ctl.address,
+                          publishes=[ArraysPublished])  # fmt: skip
+            sub = Collector("sub", bind=tcp, controller=ctl.address)
+            async with running(pub, sub):
+                await until(lambda: pub.address in sub.links_down())
+                why = sub.links_down()[pub.address]
+                assert "connect failed" in why and "never up" in why
+                assert sub.counters["link_connect_failures"] >= 1
+                await until(lambda: ctl.failing_links().get("sub"), timeout=5)
+                assert ctl.failing_links() == {
+                    "sub": {
+                        f"pub {pub.address}": ctl.registry["sub"].last_heartbeat.links_down[
+                            pub.address
+                        ]
+                    }
+                }
+                assert pub.heartbeat().links_down == {}
+
+    asyncio.run(main())
+
+
 def test_listening_beyond_loopback_needs_a_token(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TIANJI_TOKEN", raising=False)
     require_token("tcp://127.0.0.1:7000", None)  # loopback only: fine without
@@ -119,34 +174,84 @@ def tianji(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
 
 
 @pytest.mark.slow
-def test_the_controller_refuses_a_service_with_another_config() -> None:
-    port = free_tcp_port()
-    env = {"TIANJI_TOKEN": "digest-test"}
-    ctl = tianji("controller", PPO, "--bind", f"tcp://127.0.0.1:{port}", "--max-seconds", "60",
-                 env=env)  # fmt: skip
-    try:
-        odd = tianji("serve", "actor", PPO, "--controller", f"tcp://127.0.0.1:{port}",
-                     "--set", "actors.envs_per_actor=3", env=env)  # fmt: skip
-        out, _ = odd.communicate(timeout=60)
-        assert odd.returncode == 2, out
-        assert "refused" in out and "differs from the controller's" in out
-    finally:
-        ctl.terminate()
-        ctl.communicate(timeout=30)
-
-
-@pytest.mark.slow
-def test_a_service_with_the_wrong_token_cannot_join() -> None:
+def test_a_service_with_another_config_or_the_wrong_token_is_refused_and_exits_2() -> None:
     port = free_tcp_port()
     ctl = tianji("controller", PPO, "--bind", f"tcp://127.0.0.1:{port}", "--max-seconds", "60",
                  env={"TIANJI_TOKEN": "right"})  # fmt: skip
     try:
+        assert ctl.stdout is not None
+        assert "tianji controller:" in ctl.stdout.readline()  # it listens from now on
+        odd = tianji("serve", "actor", PPO, "--controller", f"tcp://127.0.0.1:{port}",
+                     "--set", "actors.envs_per_actor=3", env={"TIANJI_TOKEN": "right"})  # fmt: skip
+        out, _ = odd.communicate(timeout=60)
+        assert odd.returncode == 2, out
+        assert "refused" in out and "differs from the controller's" in out
+        started = time.monotonic()
         intruder = tianji("serve", "actor", PPO, "--controller", f"tcp://127.0.0.1:{port}",
                           env={"TIANJI_TOKEN": "wrong"})  # fmt: skip
         out, _ = intruder.communicate(timeout=60)
-        assert intruder.returncode == 1, out
-        assert "unreachable" in out and "closed during the handshake" in out
+        took = time.monotonic() - started
+        assert intruder.returncode == 2, out
+        assert "refused the handshake 3 times" in out and "different run token" in out, out
+        assert took < 10, f"a refused service took {took:.1f} s to exit"
     finally:
         ctl.terminate()
         ctl_out, _ = ctl.communicate(timeout=30)
     assert "auth_failed" in ctl_out and "different token" in ctl_out
+
+
+class _Registry(dict):  # type: ignore[type-arg]
+    """A controller's registry and failing links, as the start check reads them."""
+
+    def __init__(self, names: list[str], down: dict[str, dict[str, str]]) -> None:
+        super().__init__((n, object()) for n in names)
+        self.registry = self
+        self.down = down
+
+    def failing_links(self) -> dict[str, dict[str, str]]:
+        return self.down
+
+
+class _Monitor:
+    def __init__(self) -> None:
+        self.env_steps_here = 0
+        self.run_failure: str | None = None
+
+    def fail_run(self, reason: str) -> None:
+        self.run_failure = self.run_failure or reason
+
+    def done(self) -> str | None:
+        return self.run_failure
+
+
+def test_a_run_with_no_env_step_after_everyone_joined_fails_naming_the_dead_links(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tianji.run.plan import RunPlan
+
+    plan = RunPlan.build(load_config(PPO, ["stop.start_timeout=30"]))
+    names = [s.name for s in plan.specs]
+    down = {"buffer-0": {"actor-1 tcp://10.9.9.9:4100": "connect failed: No route to host"}}
+    clock = [1000.0]
+    monkeypatch.setattr("tianji.run.plan.time.monotonic", lambda: clock[0])
+    monitor = _Monitor()
+    plan.monitor = monitor  # type: ignore[assignment]
+    assert not plan.until(_Registry(names[:-1], down))  # not everyone joined: no clock yet
+    clock[0] += 100
+    assert not plan.until(_Registry(names, down))  # everyone joined: the clock starts
+    clock[0] += 29
+    assert not plan.until(_Registry(names, down))
+    clock[0] += 1
+    assert plan.until(_Registry(names, down))
+    assert monitor.run_failure is not None
+    assert "no env step 30 s after every service joined" in monitor.run_failure
+    assert "buffer-0 -> actor-1 tcp://10.9.9.9:4100: connect failed" in monitor.run_failure
+    # a run that stepped once is never failed by this check
+    stepped = RunPlan.build(load_config(PPO, ["stop.start_timeout=30"]))
+    stepped.monitor = _Monitor()  # type: ignore[assignment]
+    stepped.monitor.env_steps_here = 1  # type: ignore[attr-defined]
+    assert not stepped.until(_Registry(names, down))
+    clock[0] += 1000
+    assert not stepped.until(_Registry(names, down))
+    with pytest.raises(ConfigError, match=r"stop\.start_timeout"):
+        load_config(PPO, ["stop.start_timeout=-1"])

@@ -7,7 +7,6 @@ share one bridged subnet (the bridge lives in A). Root only (CI runs as root).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -20,9 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from tianji.bench.netns import Bridge, NetnsError
+
 ROOT = Path(__file__).resolve().parents[1]
 DQN = str(ROOT / "examples" / "cartpole_dqn.toml")
-SUBNET = "10.77.{}.{}"
 
 pytestmark = [
     pytest.mark.slow,
@@ -33,49 +33,22 @@ pytestmark = [
 ]
 
 
-def sh(*argv: str) -> None:
-    subprocess.run(argv, check=True, capture_output=True, text=True)
+class Hosts(Bridge):
+    """Three network namespaces ``a``, ``b``, ``c`` (hosts 0, 1, 2 of a bridge)."""
 
-
-class Hosts:
-    """Three network namespaces ``a``, ``b``, ``c`` on one bridged /24."""
+    NAMES = "abc"
 
     def __init__(self) -> None:
-        tag = f"{os.getpid() % 100000}"
-        self.net = os.getpid() % 200 + 20
-        self.ns = {h: f"tj{tag}{h}" for h in "abc"}
-        self.ip = {h: SUBNET.format(self.net, i) for i, h in enumerate("abc", start=1)}
-        self.veth = {h: (f"tj{tag}{h}0", f"tj{tag}{h}1") for h in "bc"}  # (in a, in h)
+        super().__init__(3)
+        self.ip_of = {h: self.ip(i) for i, h in enumerate(self.NAMES)}
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def create(self) -> None:
-        for ns in self.ns.values():
-            sh("ip", "netns", "add", ns)
-            self.run("lo", "ip", "link", "set", "lo", "up", ns=ns)
-        a = self.ns["a"]
-        self.run("br", "ip", "link", "add", "br0", "type", "bridge", ns=a)
-        for h, (near, far) in self.veth.items():
-            sh("ip", "link", "add", near, "type", "veth", "peer", "name", far)
-            sh("ip", "link", "set", near, "netns", a)
-            sh("ip", "link", "set", far, "netns", self.ns[h])
-            self.run("", "ip", "link", "set", near, "master", "br0", "up", ns=a)
-            self.run("", "ip", "addr", "add", f"{self.ip[h]}/24", "dev", far, ns=self.ns[h])
-            self.run("", "ip", "link", "set", far, "up", ns=self.ns[h])
-        self.run("", "ip", "addr", "add", f"{self.ip['a']}/24", "dev", "br0", ns=a)
-        self.run("", "ip", "link", "set", "br0", "up", ns=a)
-
-    def run(self, _what: str, *argv: str, ns: str) -> None:
-        sh("ip", "netns", "exec", ns, *argv)
-
-    def link(self, host: str, up: bool) -> None:
-        """Take host's only link down or up (from inside the host)."""
-        self.run(
-            "", "ip", "link", "set", self.veth[host][1], "up" if up else "down", ns=self.ns[host]
-        )
+    def cut(self, host: str, up: bool) -> None:
+        self.link(self.NAMES.index(host), up)
 
     def start(self, host: str, args: list[str], log: Path) -> subprocess.Popen[bytes]:
         env = {**os.environ, "TIANJI_TOKEN": "netns-test-token", "PYTHONUNBUFFERED": "1"}
-        argv = ["ip", "netns", "exec", self.ns[host], sys.executable, "-m", "tianji", *args]
+        argv = [*self.prefix(self.NAMES.index(host)), sys.executable, "-m", "tianji", *args]
         with log.open("wb") as out:
             proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
         self.procs.append(proc)
@@ -86,14 +59,7 @@ class Hosts:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(10)
-        for ns in self.ns.values():
-            pids = subprocess.run(
-                ["ip", "netns", "pids", ns], capture_output=True, text=True
-            ).stdout.split()
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(pid), 9)
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        super().destroy()
 
 
 @pytest.fixture
@@ -101,19 +67,28 @@ def hosts() -> Iterator[Hosts]:
     h = Hosts()
     try:
         h.create()
-    except subprocess.CalledProcessError as exc:
-        h.destroy()
-        pytest.skip(f"cannot build network namespaces here: {exc.stderr.strip()}")
+    except NetnsError as exc:
+        pytest.skip(f"cannot build network namespaces here: {exc}")
     try:
         yield h
     finally:
         h.destroy()
 
 
-def start_run(hosts: Hosts, tmp: Path, extra: list[str]) -> subprocess.Popen[bytes]:
-    """Controller + learner + buffer + params on a, actor-0 on b, actor-1 on c."""
-    ip = hosts.ip
-    controller = f"tcp://{ip['a']}:7000"
+def start_run(
+    hosts: Hosts,
+    tmp: Path,
+    extra: list[str],
+    placement: list[tuple[str, str, int, list[str]]] | None = None,
+    port: int = 7000,
+) -> tuple[subprocess.Popen[bytes], list[subprocess.Popen[bytes]]]:
+    """The controller on a, then every service with the natural command (no ``--bind``:
+    each listens where its route to the controller leaves): by default learner, buffer
+    and params on a, actor-0 on b (with ``--advertise``, as the issue's new user typed it)
+    and actor-1 on c (with nothing). Files (logs, summary, metrics) go to ``tmp``."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    ip = hosts.ip_of
+    controller = f"tcp://{ip['a']}:{port}"
     ctl = hosts.start(
         "a",
         [
@@ -135,36 +110,30 @@ def start_run(hosts: Hosts, tmp: Path, extra: list[str]) -> subprocess.Popen[byt
         ],
         tmp / "controller.log",
     )
-    placement = [("a", "params", 0), ("a", "buffer", 0), ("a", "learner", 0)]
-    placement += [("b", "actor", 0), ("c", "actor", 1)]
-    for host, role, index in placement:
+    if placement is None:
+        placement = [("a", "params", 0, []), ("a", "buffer", 0, []), ("a", "learner", 0, [])]
+        placement += [("b", "actor", 0, ["--advertise", ip["b"]]), ("c", "actor", 1, [])]
+    services = [
         hosts.start(
             host,
-            [
-                "serve",
-                role,
-                DQN,
-                "--index",
-                str(index),
-                "--controller",
-                controller,
-                "--bind",
-                f"tcp://{ip[host]}:0",
-                *extra,
-            ],
+            ["serve", role, DQN, "--index", str(index), "--controller", controller, *flags, *extra],
             tmp / f"{role}-{index}.log",
         )
-    return ctl
+        for host, role, index, flags in placement
+    ]
+    return ctl, services
 
 
-def finish(hosts: Hosts, ctl: subprocess.Popen[bytes], tmp: Path) -> dict[str, object]:
+def finish(
+    ctl: subprocess.Popen[bytes], services: list[subprocess.Popen[bytes]], tmp: Path
+) -> dict[str, object]:
     try:
         code = ctl.wait(300)
     except subprocess.TimeoutExpired:
         code = None
     logs = "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(tmp.glob("*.log")))
     assert code == 0, f"controller exit code {code}\n{logs}"
-    for proc in hosts.procs[1:]:
+    for proc in services:
         assert proc.wait(30) == 0, f"a service exited with {proc.returncode}\n{logs}"
     summary: dict[str, object] = json.loads((tmp / "summary.json").read_text())
     assert summary["stop_reason"] == "target_return reached", logs
@@ -173,13 +142,24 @@ def finish(hosts: Hosts, ctl: subprocess.Popen[bytes], tmp: Path) -> dict[str, o
     return summary
 
 
-def test_dqn_on_three_hosts_reaches_300_and_an_actor_host_cut_off_for_5_s_comes_back(
+def test_dqn_on_three_hosts_reaches_300_through_a_5_s_cut_and_a_run_with_no_reachable_actor_stops(
     hosts: Hosts, tmp_path: Path
 ) -> None:
-    """One run shows both: DQN trains to 300 with its services on three hosts (``finish``
-    checks the target, the exit codes and the books), and an actor host that loses its link
-    for 5 s mid-run comes back."""
-    ctl = start_run(hosts, tmp_path, [])
+    """Two runs on the same hosts at once, each with the natural command. The first shows
+    that DQN trains to 300 with its services on three hosts (``finish`` checks the target,
+    the exit codes and the books) and that an actor host that loses its link for 5 s
+    mid-run comes back. The second plants the issue's trap: its only actor registers an
+    address nobody can reach; every service joins, no env step can happen, and that run
+    stops within 90 s with the address in its message and its summary (it idles, so it
+    costs the first run little)."""
+    wrong = hosts.spare_ip()  # on the subnet, but no host has it
+    placement = [("a", "params", 0, []), ("a", "buffer", 0, []), ("a", "learner", 0, [])]
+    placement.append(("c", "actor", 0, ["--advertise", wrong]))
+    launched = time.monotonic()
+    trap, trap_services = start_run(
+        hosts, tmp_path / "trap", ["--set", "actors.count=1"], placement, port=7001
+    )
+    ctl, services = start_run(hosts, tmp_path, [])
     metrics = tmp_path / "metrics.jsonl"
     outage: dict[str, float] = {}
 
@@ -189,18 +169,33 @@ def test_dqn_on_three_hosts_reaches_300_and_an_actor_host_cut_off_for_5_s_comes_
         while time.monotonic() < deadline and ctl.poll() is None:
             rows = metrics.read_text().splitlines() if metrics.exists() else []
             if rows and json.loads(rows[-1])["learner_updates"] >= 200:
-                hosts.link("b", up=False)
+                hosts.cut("b", up=False)
                 outage["down"] = time.time()
                 time.sleep(5)
-                hosts.link("b", up=True)
+                hosts.cut("b", up=True)
                 outage["up"] = time.time()
                 return
             time.sleep(0.5)
 
     cutter = threading.Thread(target=cut_link)
     cutter.start()
-    summary = finish(hosts, ctl, tmp_path)
+    try:
+        trap_code = trap.wait(120)
+    except subprocess.TimeoutExpired:
+        trap_code = None
+    took = time.monotonic() - launched
+    summary = finish(ctl, services, tmp_path)
     cutter.join()
+
+    trap_log = (tmp_path / "trap" / "controller.log").read_text()
+    assert trap_code == 2, f"trap controller exit code {trap_code}\n{trap_log[-4000:]}"
+    assert took < 90, f"the trap run took {took:.0f} s to stop\n{trap_log[-2000:]}"
+    assert "no env step" in trap_log and f"tcp://{wrong}:" in trap_log, trap_log[-4000:]
+    trap_summary = json.loads((tmp_path / "trap" / "summary.json").read_text())
+    assert f"tcp://{wrong}:" in trap_summary["stop_reason"], trap_summary["stop_reason"]
+    assert trap_summary["env_steps"] == 0
+    for proc in trap_services:
+        assert proc.wait(30) == 0, "a service of the trap run did not stop cleanly"
     assert "up" in outage, "the run ended before the link could be cut"
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
     before = [r for r in rows if r["unix"] <= outage["down"]]

@@ -277,7 +277,13 @@ def test_rows_and_scalars_come_from_the_same_numbers() -> None:
     old_keys = {"t", "unix", "env_steps", "env_steps_by_actor", "episodes", "mean_return"}
     old_keys |= {"learner_updates", "samples_consumed", "learner", "controller", "accounting"}
     assert old_keys <= set(row)
-    assert row["services"] == {"up": 4, "total": 5, "stale": {"actor-1": 7.0}, "missing": []}
+    assert row["services"] == {
+        "up": 4,
+        "total": 5,
+        "stale": {"actor-1": 7.0},
+        "missing": [],
+        "links_down": {},
+    }
     tags = progress.scalars(snap)
     assert tags["return/mean"] == row["mean_return"] == 150.25
     assert tags["rate/env_steps_per_s"] == row["env_steps_per_s"] == 1234.0

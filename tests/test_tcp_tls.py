@@ -12,7 +12,7 @@ from tianji.transports import tcp
 from tianji.transports._tls import TlsFiles, tls_from_env
 
 from tianji.runtime.core import Limits
-from tianji.runtime.errors import BrokenByPeer, ConfigError
+from tianji.runtime.errors import BrokenByPeer, ConfigError, HandshakeRefused
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
 LIMITS = Limits()
@@ -83,8 +83,9 @@ def test_a_client_without_a_certificate_of_the_run_ca_cannot_connect(
 
 
 def test_a_client_refuses_a_server_of_another_ca(pki: dict[str, TlsFiles]) -> None:
-    with pytest.raises(BrokenByPeer, match="connect failed"):
+    with pytest.raises(HandshakeRefused, match="TLS handshake failed") as info:
         asyncio.run(exchange(pki["rogue"], pki["client"]))
+    assert "TLS" in info.value.hint  # the likely cause, for a person to act on
 
 
 def test_tls_settings_from_the_environment_are_checked(

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl
 from typing import cast
 
 from tianji.transports._auth import Handshake, token_from_env
@@ -30,6 +31,7 @@ from tianji.runtime.errors import (
     BrokenByPeer,
     ClosedByUs,
     EndOfStream,
+    HandshakeRefused,
     TianjiError,
     WouldBlock,
 )
@@ -43,6 +45,10 @@ _CORK_LIMIT = 256 << 10  # corked bytes are flushed at once beyond this
 CLOSE_TIMEOUT = 10.0  # how long aclose waits for the peer to read everything and close
 HANDSHAKE_TIMEOUT = 30.0  # a peer that has not proved the token by then is dropped (generous: a
 # starting process on a loaded machine can take seconds to answer)
+TOKEN_HINT = "a different run token on each side (TIANJI_TOKEN or --token-file)"
+TLS_HINT = (
+    "TLS settings that do not match (--tls-ca/--tls-cert/--tls-key on one side only, or another CA)"
+)
 
 
 def parse_tcp_address(address: str) -> tuple[str, int]:
@@ -459,6 +465,8 @@ class TcpTransport:
                 ssl=ctx,
                 server_hostname=host if ctx is not None else None,
             )
+        except ssl.SSLError as exc:  # the TLS handshake: another CA, or TLS on one side only
+            raise HandshakeRefused(address, f"TLS handshake failed: {exc}", TLS_HINT) from exc
         except OSError as exc:
             raise BrokenByPeer(address, f"connect failed: {exc.strerror or exc}") from exc
         try:
@@ -467,8 +475,8 @@ class TcpTransport:
             proto._fail(BrokenByPeer(address, "no handshake from the listener"))
             raise BrokenByPeer(address, "no handshake from the listener") from None
         except BadFrame as exc:  # we refused it: it does not know our token
-            raise BrokenByPeer(address, f"refused the listener: {exc}") from exc
+            raise HandshakeRefused(address, f"refused the listener: {exc}", TOKEN_HINT) from exc
         except TianjiError as exc:  # it closed on us: most likely it refused our token
             why = "closed during the handshake (does it require a different run token?)"
-            raise BrokenByPeer(address, why) from exc
+            raise HandshakeRefused(address, why, f"{TOKEN_HINT}, or {TLS_HINT}") from exc
         return TcpConnection(proto)

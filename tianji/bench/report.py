@@ -30,6 +30,7 @@ __all__ = [
     "Skip",
     "TRANSPORTS",
     "evaluate_goals",
+    "finish_report",
     "format_rate",
     "format_size",
 ]
@@ -270,3 +271,24 @@ class Report:
         lines += ["", "notes:"]
         lines += [f"  {n}" for n in NOTES]
         return "\n".join(lines)
+
+
+def finish_report(
+    report: dict[str, Any], table: str, name: str, out: str | None, as_json: bool
+) -> int:
+    """Write ``NAME.json`` and ``NAME.md`` under ``out`` (when given), print the JSON or
+    the table, name the failed cells on stderr; the exit code (1 when a cell failed)."""
+    import json
+    import sys
+    from pathlib import Path
+
+    if out:
+        folder = Path(out)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{name}.json").write_text(json.dumps(report, indent=2))
+        (folder / f"{name}.md").write_text(table)
+    print(json.dumps(report) if as_json else table)
+    errors = [r for r in report["rows"] if "error" in r]
+    if errors:
+        print(f"{len(errors)} cell(s) failed", file=sys.stderr)
+    return 1 if errors else 0

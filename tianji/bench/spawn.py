@@ -22,7 +22,7 @@ from typing import IO, Any, TypeVar
 from tianji.bench.measure import BenchError, BenchTimeout
 from tianji.bench.peer import Job
 
-__all__ = ["ChildRun", "Peer", "run_json_child", "spawn_peer"]
+__all__ = ["ChildRun", "Peer", "run_json_child", "spawn_peer", "start_json_child"]
 
 T = TypeVar("T")
 STOP_TIMEOUT = 3.0  # after SIGTERM, before SIGKILL
@@ -58,6 +58,26 @@ def run_json_child(cmd: list[str], stdin: str | None, timeout: float, tail: int 
         last = (proc.stderr or proc.stdout).strip().splitlines()[-tail:]
         return ChildRun(None, f"exit {proc.returncode}: " + " | ".join(last), proc.stderr)
     return ChildRun(json.loads(lines[-1]), None, proc.stderr)
+
+
+def start_json_child(
+    argv: list[str], job: dict[str, Any], prefix: list[str] | None = None
+) -> subprocess.Popen[str]:
+    """Start a benchmark child (``prefix`` e.g. ``ip netns exec NS``), write ``job`` as one
+    JSON line to its stdin and leave stdin open (closing it is the child's signal to stop,
+    by convention of the scale benchmark's workers); stdout and stderr are pipes."""
+    proc = subprocess.Popen(
+        [*(prefix or []), *argv],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TIANJI_LOG_LEVEL": os.environ.get("TIANJI_BENCH_LOG", "WARNING")},
+    )
+    assert proc.stdin is not None
+    proc.stdin.write(json.dumps(job) + "\n")
+    proc.stdin.flush()
+    return proc
 
 
 class Peer:

@@ -150,6 +150,38 @@ def steady_rate(rows: list[dict[str, Any]], warmup: float) -> tuple[float, float
     return (last["env_steps"] - first["env_steps"]) / seconds, seconds, last
 
 
+class CpuSampler:
+    """This process's CPU seconds (every thread: the controller, the monitor, the
+    launcher) sampled against the wall clock, so a window of the run can be cut out."""
+
+    def __init__(self, every: float = 0.5) -> None:
+        import threading
+
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._every = every
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import resource
+
+        while not self._stop.is_set():
+            r = resource.getrusage(resource.RUSAGE_SELF)
+            self.samples.append((time.time(), r.ru_utime + r.ru_stime))
+            self._stop.wait(self._every)
+
+    def share(self, start: float, end: float) -> float | None:
+        """CPU seconds per wall second between the samples nearest ``start`` and ``end``
+        (unix times), or ``None`` without two samples in between."""
+        self._stop.set()
+        inside = [s for s in self.samples if start <= s[0] <= end]
+        if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
+            return None
+        (t0, c0), (t1, c1) = inside[0], inside[-1]
+        return (c1 - c0) / (t1 - t0)
+
+
 def _tianji_worker() -> int:
     """Run one tianji cell from ``{"config", "warmup"}`` on stdin; print its JSON row."""
     import io
@@ -159,18 +191,26 @@ def _tianji_worker() -> int:
 
     job = json.loads(sys.stdin.read())
     config: RunConfig = build_dataclass(RunConfig, job["config"], "")
+    cpu = CpuSampler()
     with tempfile.TemporaryDirectory() as tmp:
         metrics = Path(tmp) / "metrics.jsonl"
         summary = train(config, out=io.StringIO(), metrics_path=str(metrics))
         rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     rate, seconds, last = steady_rate(rows, job["warmup"])
+    share = cpu.share(last["unix"] - seconds, last["unix"])
     services = summary.get("services") or {}
     inference = [s.get("counters", {}) for n, s in services.items() if n.startswith("inference")]
+    rss: dict[str, float] = {}
+    for s in services.values():
+        if s.get("max_rss_mb") is not None:
+            rss[s["role"]] = max(rss.get(s["role"], 0.0), float(s["max_rss_mb"]))
     print(
         json.dumps(
             {
                 "env_steps_per_s": rate,
                 "seconds": seconds,
+                "controller_cpu_share": None if share is None else round(share, 4),
+                "max_rss_mb_by_role": rss,
                 "policy_lag_mean": (last.get("lag") or {}).get("mean"),
                 "learner_updates": last.get("learner_updates"),
                 "requests_per_pass": [

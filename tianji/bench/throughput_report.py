@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tianji.bench.report import GoalResult
+from tianji.bench.report import GoalResult, finish_report
 
 __all__ = ["add_parser", "goals", "markdown"]
 
@@ -125,16 +123,7 @@ def _cmd(args: argparse.Namespace) -> int:
     report = run_bench(names, seconds, warmup, peer, args.quick)
     report["goals"] = goals(report["rows"])
     table = markdown(report)
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "throughput.json").write_text(json.dumps(report, indent=2))
-        (out / "throughput.md").write_text(table)
-    print(json.dumps(report) if args.json else table)
-    errors = [r for r in report["rows"] if "error" in r]
-    if errors:
-        print(f"{len(errors)} cell(s) failed", file=sys.stderr)
-    return 1 if errors else 0
+    return finish_report(report, table, "throughput", args.out, args.json)
 
 
 def add_parser(bench: Any) -> None:

@@ -9,6 +9,7 @@ from tianji.cli.train import add_run_options, config_from_args
 from tianji.run.deploy import (
     apply_security_options,
     config_digest,
+    listen_where,
     run_controller,
     serve,
     serve_spec,
@@ -40,8 +41,16 @@ def add_deploy_parsers(sub: Any) -> None:
     add_run_options(p, run=False)
     p.add_argument("--controller", required=True, help="the controller's tcp://HOST:PORT")
     p.add_argument("--index", type=int, default=0, help="which one of the role (default 0)")
-    p.add_argument("--bind", default="tcp://127.0.0.1:0", help="tcp://HOST:PORT to listen on")
-    p.add_argument("--advertise", metavar="HOST", help="the host other services use to reach us")
+    p.add_argument(
+        "--bind",
+        help="tcp://HOST:PORT to listen on (default: loopback with a controller on this host, "
+        "else the address of the interface that routes to the controller)",
+    )
+    p.add_argument(
+        "--advertise",
+        metavar="HOST",
+        help="the host other services use to reach us (default: the --bind host)",
+    )
     p.add_argument(
         "--local",
         choices=["auto", "shm", "tcp"],
@@ -69,6 +78,7 @@ def _cmd_controller(args: Any) -> int:
 
 
 def _cmd_serve(args: Any) -> int:
+    args.bind, args.advertise = listen_where(args.controller, args.bind, args.advertise)
     apply_security_options(args)
     config = config_from_args(args)
     spec = serve_spec(

@@ -284,6 +284,11 @@ def status(
         "accounting": accounting(beats, on_policy),
         "checkpoint": checkpoint_status(monitor),
         "services": services(controller, expected),
+        "links_down": [
+            {"subscriber": sub, "publisher": pub, "error": why}
+            for sub, links in controller.failing_links().items()
+            for pub, why in links.items()
+        ],
     }
 
 

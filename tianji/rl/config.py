@@ -215,6 +215,14 @@ class StopConfig:
     """Stop once the mean return of the last ``window`` training episodes reaches this."""
     window: int = 20
     """Episodes in the moving mean for ``target_return`` and ``final_return``."""
+    start_timeout: float = 45.0
+    """Seconds after every service joined within which the first env step must arrive;
+    otherwise the run stops as failed, naming the links that never came up (a publisher
+    nobody can reach) or, when none failed, saying so (0: wait forever)."""
+
+    def __post_init__(self) -> None:
+        if not self.start_timeout >= 0:
+            raise ConfigError("stop.start_timeout", self.start_timeout, "a number of seconds >= 0")
 
 
 CONTROLLER_MODES = ("relaxed", "sync", "unbalanced")

@@ -8,8 +8,14 @@ On one host::
 and for every service of the run (``learner-0``, ``buffer-0``, ``params-0``, ``actor-I``),
 on any host::
 
-    tianji serve actor examples/cartpole_dqn.toml --controller tcp://10.0.0.1:7000 \\
-        --index 1 --bind tcp://0.0.0.0:0 --advertise 10.0.0.3
+    tianji serve actor examples/cartpole_dqn.toml --controller tcp://10.0.0.1:7000 --index 1
+
+Each service listens on the local address of the interface that routes to the controller
+and advertises it (``--bind``/``--advertise`` override that, e.g. ``--bind tcp://0.0.0.0:0
+--advertise 10.0.0.3`` behind NAT; a loopback ``--bind`` with a controller or an advertised
+address elsewhere is refused, since nobody could connect). A service whose handshake the
+controller refuses (another token, TLS that does not match) stops after
+:data:`~tianji.runtime.heartbeats.HANDSHAKE_REFUSALS` attempts and ``tianji serve`` exits 2.
 
 Every service registers its TCP address and, where the shared-memory transport exists, a
 second shared-memory listener; the controller hands each subscriber the shared-memory
@@ -40,7 +46,14 @@ from tianji.runtime.errors import ConfigError, ServiceFailed
 from tianji.runtime.loop import run
 from tianji.runtime.service import Service
 
-__all__ = ["config_digest", "run_controller", "serve", "serve_spec"]
+__all__ = [
+    "config_digest",
+    "listen_where",
+    "route_source",
+    "run_controller",
+    "serve",
+    "serve_spec",
+]
 
 REFUSED = "refused:"  # the start of a Shutdown reason the controller gives a bad joiner
 
@@ -53,13 +66,13 @@ def config_digest(config: RunConfig) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _host_of(address: str) -> str:
+def _host_of(address: str, option: str = "--bind") -> str:
     from tianji.transports.tcp import parse_tcp_address
 
     try:
         return parse_tcp_address(address)[0]
     except ValueError:
-        raise ConfigError("--bind", address, "a tcp://HOST:PORT address") from None
+        raise ConfigError(option, address, "a tcp://HOST:PORT address") from None
 
 
 def _is_loopback(host: str) -> bool:
@@ -69,6 +82,72 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def route_source(host: str) -> str:
+    """The local address this host uses to reach ``host`` (the interface its route leaves
+    by; no packet is sent).
+
+    Raises:
+        ConfigError: naming ``host`` when it does not resolve or no route leads there.
+    """
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, 9, type=socket.SOCK_DGRAM)
+        family, _, _, _, sockaddr = infos[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect(sockaddr)
+            return str(probe.getsockname()[0])
+    except OSError as exc:
+        raise ConfigError(
+            "--controller", host, f"a host this machine can reach ({exc.strerror or exc})"
+        ) from None
+
+
+def listen_where(
+    controller: str, bind: str | None, advertise: str | None
+) -> tuple[str, str | None]:
+    """``tianji serve``'s listening address and the host it advertises.
+
+    Without ``--bind``: loopback when the controller is on this host, else the local
+    address of the interface that routes to the controller (port 0), advertised as itself;
+    ``--bind`` on every interface without ``--advertise`` advertises that address too.
+    A pair that cannot work is refused: a loopback listener advertised under another
+    address, or one whose controller (and so its peers) is on another host.
+
+    Raises:
+        ConfigError: naming both addresses of a pair that cannot work.
+    """
+    ctl_host = _host_of(controller, "--controller")
+    if bind is None:
+        if _is_loopback(ctl_host):
+            return "tcp://127.0.0.1:0", advertise
+        if advertise is not None:
+            return "tcp://0.0.0.0:0", advertise
+        local = route_source(ctl_host)
+        return f"tcp://{'[' + local + ']' if ':' in local else local}:0", local
+    host = _host_of(bind)
+    if host in ("0.0.0.0", "::") and advertise is None and not _is_loopback(ctl_host):
+        return bind, route_source(ctl_host)  # every interface: advertise the routed one
+    if _is_loopback(host):
+        if advertise is not None and not _is_loopback(advertise):
+            raise ConfigError(
+                "--bind",
+                bind,
+                f"a listener peers can reach at the advertised {advertise}: a loopback "
+                "listener accepts connections from this host only (leave --bind out, or "
+                f"--bind tcp://0.0.0.0:0 --advertise {advertise})",
+            )
+        if not _is_loopback(ctl_host):
+            raise ConfigError(
+                "--bind",
+                bind,
+                f"a listener reachable from the controller's host ({controller}): a "
+                "loopback listener accepts connections from this host only (leave --bind "
+                "out to listen on the interface that routes to the controller)",
+            )
+    return bind, advertise
 
 
 def apply_security_options(args: Any) -> None:

@@ -132,6 +132,7 @@ class RunPlan:
     resume: tuple[RunDirectory, Checkpoint] | None = None
     replay_resume: dict[str, Checkpoint] = dataclasses.field(default_factory=dict)
     _last: Snapshot | None = None
+    _joined_at: float | None = None  # monotonic time every service was first registered
 
     def controller_plugins(self) -> list[Balancer]:
         """What the run's controller runs beside its registry: the balancer."""
@@ -227,8 +228,33 @@ class RunPlan:
         return make
 
     def until(self, controller: Controller) -> bool:
-        """The run is done (target, step or time budget): the launcher's ``until``."""
-        return self.monitor is not None and self.monitor.done() is not None
+        """The run is done (target, step or time budget, or a start that never came, see
+        ``[stop] start_timeout``): the launcher's ``until``."""
+        if self.monitor is None:
+            return False
+        self._check_start(controller, self.monitor)
+        return self.monitor.done() is not None
+
+    def _check_start(self, controller: Controller, monitor: TrainMonitor) -> None:
+        """Fail the run when no env step arrived ``start_timeout`` s after all joined."""
+        timeout = self.config.stop.start_timeout
+        if timeout <= 0 or monitor.env_steps_here > 0 or monitor.run_failure is not None:
+            return
+        now = time.monotonic()
+        if self._joined_at is None:  # (checked on every heartbeat: the count first)
+            registry = controller.registry
+            if len(registry) >= len(self.specs) and all(s.name in registry for s in self.specs):
+                self._joined_at = now
+            return
+        if now - self._joined_at < timeout:
+            return
+        down = controller.failing_links()
+        why = (
+            f"links that never came up: {_progress.links_down_text(down)}"
+            if down
+            else "no link reports a failure; see the actors' logs"
+        )
+        monitor.fail_run(f"failed: no env step {timeout:g} s after every service joined ({why})")
 
     @contextlib.contextmanager
     def recording(self) -> Iterator[RunRecorder]:
@@ -338,6 +364,8 @@ class RunPlan:
                 recorder.write_summary(summary, summary_path)
             elif summary_path:
                 write_json_atomic(summary_path, summary)
+            if self.monitor.run_failure is not None:  # written first: a failed run can be read
+                raise ServiceFailed("run", self.monitor.run_failure)
             return summary
         finally:
             if recorder is not None:

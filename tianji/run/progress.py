@@ -33,6 +33,7 @@ __all__ = [
     "RunFacts",
     "Snapshot",
     "learner_totals",
+    "links_down_text",
     "make_display",
     "metrics_row",
     "plain_line",
@@ -103,6 +104,8 @@ class Snapshot:
     services_total: int
     stale: dict[str, float]  # service -> seconds since its last heartbeat
     missing: tuple[str, ...]  # services of the run not registered now
+    links_down: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
+    """Subscriber -> {"publisher address": why it cannot connect} (Controller.failing_links)."""
 
 
 def _role(controller: Controller, role: str) -> list[Heartbeat]:
@@ -218,6 +221,7 @@ def take_snapshot(
         services_total=len(facts.services),
         stale=stale,
         missing=missing,
+        links_down=controller.failing_links(),
     )
 
 
@@ -254,7 +258,19 @@ def _unhealthy(s: Snapshot, sep: str) -> str:
     if s.missing:
         shown = ", ".join(s.missing[:4]) + (" ..." if len(s.missing) > 4 else "")
         parts.append(f"missing {shown}")
+    links = links_down_text(s.links_down, limit=3)
+    if links:
+        parts.append(f"links down: {links}")
     return sep + "; ".join(parts) if parts else ""
+
+
+def links_down_text(down: dict[str, dict[str, str]], limit: int | None = None) -> str:
+    """``"actor-0 -> buffer-0 tcp://10.0.0.2:4100: connect failed: ... (down 12 s, never
+    up), ..."``: the failing links, the first ``limit`` of them and how many more."""
+    items = [f"{sub} -> {pub}: {why}" for sub, links in down.items() for pub, why in links.items()]
+    shown = items if limit is None else items[:limit]
+    more = len(items) - len(shown)
+    return ", ".join(shown) + (f" (and {more} more)" if more else "")
 
 
 def metrics_row(s: Snapshot) -> dict[str, Any]:
@@ -283,7 +299,13 @@ def _services(s: Snapshot) -> dict[str, Any] | None:
     if not s.services_total:  # not watched (e.g. the last row, after the services left)
         return None
     up, total, stale = s.services_up, s.services_total, s.stale
-    return {"up": up, "total": total, "stale": stale, "missing": list(s.missing)}
+    return {
+        "up": up,
+        "total": total,
+        "stale": stale,
+        "missing": list(s.missing),
+        "links_down": s.links_down,
+    }
 
 
 def scalars(s: Snapshot) -> dict[str, float]:

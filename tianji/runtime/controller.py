@@ -50,6 +50,10 @@ __all__ = ["Controller", "ControllerPlugin", "Send", "ServiceRecord"]
 
 log = logging.getLogger("tianji.controller")
 
+ANNOUNCE_DELAY = 0.02
+"""Seconds a change of a topic's publishers waits before its watchers are told (changes
+within it are told together)."""
+
 Send = Callable[[str, Event], Awaitable[bool]]
 """``await send(service_name, event) -> delivered``: how a plug-in sends a command."""
 P = TypeVar("P")
@@ -133,6 +137,9 @@ class Controller(Service):
         self.heartbeats: dict[str, Heartbeat] = {}  # latest per service, kept after it leaves
         self.restarts: collections.Counter[str] = collections.Counter()  # by service name
         self._watchers: dict[str, set[Connection]] = {}
+        self._by_conn: dict[Connection, ServiceRecord] = {}  # the registry by connection
+        self._dirty: set[str] = set()  # topics whose watchers are told soon (_announce_soon)
+        self._announcing: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ queries
     def plugin(self, kind: type[P]) -> P | None:
@@ -156,11 +163,36 @@ class Controller(Service):
             )
         )
 
-    def _locality_of(self, conn: Connection) -> str:
+    def failing_links(self) -> dict[str, dict[str, str]]:
+        """Failing subscription links of the registered services, from their latest
+        heartbeats: subscriber -> {``"PUBLISHER ADDRESS"`` (the publisher's name when it is
+        registered under that address): why the subscriber cannot connect}."""
+        owner = {}
         for record in self.registry.values():
-            if record.conn is conn:
-                return record.locality
-        return ""
+            for address in (record.address, record.local_address):
+                if address:
+                    owner[address] = record.name
+        down: dict[str, dict[str, str]] = {}
+        for name, record in sorted(self.registry.items()):
+            hb = record.last_heartbeat
+            if hb is not None and hb.links_down:
+                down[name] = {
+                    f"{owner.get(address, '?')} {address}": why
+                    for address, why in sorted(hb.links_down.items())
+                }
+        return down
+
+    def _record_of(self, conn: Connection) -> ServiceRecord | None:
+        """The registered service on ``conn`` (O(1); the registry is scanned only when the
+        index does not know the connection, e.g. records put in by hand)."""
+        record = self._by_conn.get(conn)
+        if record is not None and self.registry.get(record.name) is record:
+            return record
+        return next((r for r in self.registry.values() if r.conn is conn), None)
+
+    def _locality_of(self, conn: Connection) -> str:
+        record = self._record_of(conn)
+        return record.locality if record is not None else ""
 
     async def wait_until(
         self, predicate: Callable[[Controller], bool], timeout: float | None = None
@@ -258,7 +290,7 @@ class Controller(Service):
             )
         before = set(old.publishes) if old is not None else set()
         now = time.monotonic()
-        self.registry[ev.name] = ServiceRecord(
+        record = self.registry[ev.name] = ServiceRecord(
             name=ev.name,
             role=ev.role,
             address=ev.address,
@@ -271,6 +303,7 @@ class Controller(Service):
             local_address=ev.local_address,
             locality=ev.locality,
         )
+        self._by_conn[conn] = record
         log.info("registered %s (%s) at %s", ev.name, ev.role, ev.address)
         await self._tell(conn, ServiceRegistered(name=ev.name, run_id=self.run_id))
         changed = before ^ set(ev.publishes)
@@ -279,25 +312,44 @@ class Controller(Service):
             ev.local_address,
         ):
             changed |= before | set(ev.publishes)
-        await self._announce(changed)
+        self._announce_soon(changed)
         self._notify()
 
     async def on_peer_closed(self, conn: Connection) -> None:
-        gone = [r for r in self.registry.values() if r.conn is conn]
+        record = self._record_of(conn)
+        self._by_conn.pop(conn, None)
+        gone = [record] if record is not None else []
         for record in gone:
             del self.registry[record.name]
             log.info("%s (%s) left", record.name, record.role)
         for watchers in self._watchers.values():
             watchers.discard(conn)
-        await self._announce({t for r in gone for t in r.publishes})
+        self._announce_soon({t for r in gone for t in r.publishes})
         self._notify()
+
+    def _announce_soon(self, topics: set[str]) -> None:
+        """Tell the topics' watchers their publishers in :data:`ANNOUNCE_DELAY` seconds:
+        a burst of registrations (thousands of actors joining) costs each watcher one
+        list per topic per delay, not one per registration."""
+        if not topics or self._stopping.is_set():  # draining: everyone is leaving
+            return
+        self._dirty |= topics
+        if self._announcing is None or self._announcing.done():
+            self._announcing = self._spawn(self._announce_later())
+
+    async def _announce_later(self) -> None:
+        await asyncio.sleep(ANNOUNCE_DELAY)
+        topics, self._dirty = self._dirty, set()
+        await self._announce(topics)
 
     async def _announce(self, topics: set[str]) -> None:
         for name in sorted(topics):
+            lists: dict[str, tuple[str, ...]] = {}  # by the watcher's locality
             for watcher in list(self._watchers.get(name, ())):
                 where = self._locality_of(watcher)
-                update = PublishersChanged(topic=name, addresses=self.publishers(name, where))
-                await self._tell(watcher, update)
+                if where not in lists:
+                    lists[where] = self.publishers(name, where)
+                await self._tell(watcher, PublishersChanged(topic=name, addresses=lists[where]))
 
     def retire(self, name: str) -> None:
         """``name`` died and will be restarted: keep its last counts under ``name#<k>``

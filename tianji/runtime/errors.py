@@ -22,6 +22,7 @@ __all__ = [
     "ClosedByUs",
     "ConfigError",
     "EndOfStream",
+    "HandshakeRefused",
     "RegistryError",
     "ServiceFailed",
     "SyncFailed",
@@ -58,6 +59,22 @@ class BrokenByPeer(TianjiError):
         super().__init__(f"peer {peer} vanished: {reason}")
         self.peer = peer
         self.reason = reason
+
+
+class HandshakeRefused(BrokenByPeer):
+    """The listener was reached but the connection's handshake failed: it closed on us
+    while we proved the run token (it has another one), or TLS did not agree (another CA,
+    TLS on one side only). Retrying does not help until a setting changes.
+
+    Attributes:
+        peer: the listener's address.
+        reason: what the local side observed.
+        hint: the likely cause, for a person to act on.
+    """
+
+    def __init__(self, peer: str, reason: str, hint: str) -> None:
+        super().__init__(peer, reason)
+        self.hint = hint
 
 
 class EndOfStream(TianjiError):

@@ -206,6 +206,8 @@ class Heartbeat(Event):
     gauges: dict[str, float]
     queue_depths: dict[str, int]
     sent_at: float
+    links_down: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Publisher address -> why this service cannot connect to it (failing links only)."""
 
 
 @event

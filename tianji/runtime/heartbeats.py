@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Final, Protocol
 
 from tianji.runtime import plugins
 from tianji.runtime.core import Connection
-from tianji.runtime.errors import TianjiError
+from tianji.runtime.errors import HandshakeRefused, TianjiError
 from tianji.runtime.events import (
     Event,
     Heartbeat,
@@ -33,6 +33,9 @@ log = logging.getLogger("tianji.service")
 
 CONTROL = ""
 """The topic of requests and replies on a link and to the controller (not pub/sub)."""
+HANDSHAKE_REFUSALS = 3
+"""Handshakes the controller refuses in a row before a service stops as refused (a wrong
+token or TLS setting does not fix itself; the ``tianji serve`` process then exits 2)."""
 
 
 class ServiceStat:
@@ -44,6 +47,9 @@ class ServiceStat:
     """Events received from publishers and on links."""
     PUBLISHED: Final = "published"
     """Events sent to subscribers."""
+    PUBLISHED_BYTES: Final = "published_bytes"
+    """Bytes of the events published, once per subscriber they went to (what the service
+    put on its links)."""
     RSS_MB: Final = "rss_mb"
     MAX_RSS_MB: Final = "max_rss_mb"
 
@@ -132,10 +138,25 @@ class ControllerLink:
         transport = plugins.transport_for(self.controller_address)
         delay = self.options.reconnect_min
         lost_at = time.monotonic()
+        refusals = 0
         while True:
             try:
                 conn = await transport.connect(self.controller_address, limits=self.options.limits)
+            except HandshakeRefused as exc:
+                refusals += 1
+                log.warning("%s: the controller refused the handshake: %s", self.name, str(exc))
+                if refusals >= HANDSHAKE_REFUSALS:
+                    self.stop(
+                        f"refused: the controller at {self.controller_address} refused the "
+                        f"handshake {refusals} times in a row ({exc.reason}); likely cause: "
+                        f"{exc.hint}"
+                    )
+                    return
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.options.reconnect_max)
+                continue
             except (TianjiError, OSError) as exc:
+                refusals = 0
                 if time.monotonic() - lost_at > self.options.controller_grace:
                     self.fail(f"controller {self.controller_address} unreachable: {exc}")
                     return

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import time
 from collections.abc import Coroutine, Sequence
 from typing import Any, Protocol
 
@@ -30,6 +31,28 @@ class Link:
         self.conn: Connection | None = None
         self.task: asyncio.Task[None] | None = None
         self.retired = False  # publisher left the registry: read to the end, do not reconnect
+        self.error: str | None = None  # why the last connect failed, until one succeeds
+        self.down_since: float | None = None  # monotonic time of the first failed connect
+        self.ever_up = False
+
+    def failed(self, error: str) -> None:
+        """A connect failed: keep why (and since when, from the first failure on)."""
+        self.error = error
+        if self.down_since is None:
+            self.down_since = time.monotonic()
+
+    def up(self) -> None:
+        """A connect succeeded."""
+        self.error = None
+        self.down_since = None
+        self.ever_up = True
+
+    def down_report(self, now: float) -> str | None:
+        """``"<error> (down N s[, never up])"`` while connecting fails, else ``None``."""
+        if self.error is None or self.down_since is None:
+            return None
+        never = "" if self.ever_up else ", never up"
+        return f"{self.error} (down {now - self.down_since:.0f} s{never})"
 
 
 class _Linked(Protocol):
@@ -54,6 +77,8 @@ class _Linked(Protocol):
 
     def _link_to(self: _Linked, address: str, topics: set[str]) -> None: ...
 
+    def report_soon(self) -> None: ...
+
     async def _link_loop(self: _Linked, link: Link) -> None: ...
 
 
@@ -74,6 +99,13 @@ class Subscriptions:
         elif new and link.conn is not None:
             conn = link.conn
             self._spawn(self._send_quietly(conn, Subscribe(topics=tuple(sorted(new)))))
+
+    def links_down(self: _Linked) -> dict[str, str]:
+        """Publisher address -> why this service cannot connect to it (see
+        :meth:`Link.down_report`), for the links failing now."""
+        now = time.monotonic()
+        down = {a: link.down_report(now) for a, link in self._links.items()}
+        return {a: why for a, why in down.items() if why is not None}
 
     def _set_publishers(self: _Linked, name: str, addresses: Sequence[str]) -> None:
         if self._stopping.is_set():  # draining: no new links
@@ -96,10 +128,16 @@ class Subscriptions:
                 conn = await transport.connect(link.address, limits=self.options.limits)
             except (TianjiError, OSError) as exc:
                 self.counters["link_connect_failures"] += 1
-                log.debug("%s: cannot reach %s: %s", self.name, link.address, str(exc))
+                if link.error is None:  # reported in the heartbeat (links_down) meanwhile
+                    log.warning("%s: cannot reach %s: %s", self.name, link.address, str(exc))
+                    link.failed(str(exc))
+                    self.report_soon()
+                else:
+                    link.failed(str(exc))
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.options.reconnect_max)
                 continue
+            link.up()
             link.conn = conn
             try:
                 await conn.send(self._frames(Subscribe(topics=tuple(sorted(link.topics))), CONTROL))

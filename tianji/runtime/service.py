@@ -313,6 +313,7 @@ class Service(ControllerLink, Subscriptions):
             gauges={**self.gauges, **memory_gauges()},
             queue_depths=self.queue_depths(),
             sent_at=time.time(),
+            links_down=self.links_down(),
         )
 
     # ------------------------------------------------------------------ lifecycle
@@ -481,9 +482,13 @@ class Service(ControllerLink, Subscriptions):
         self._declare(name)
         self.counters[ServiceStat.PUBLISHED] += 1
         conns = list(self._subscribers.get(name, ()))
+        frames = self._frames(ev, name)
         if not conns:
             self.counters["published_unsubscribed"] += 1
-        return self._frames(ev, name), conns
+        else:
+            size = sum(memoryview(f).nbytes for f in frames)
+            self.counters[ServiceStat.PUBLISHED_BYTES] += size * len(conns)
+        return frames, conns
 
     def _declare(self, name: str) -> None:
         """Add ``name`` to the published topics, telling the controller if connected."""

@@ -87,6 +87,7 @@ class TrainMonitor(Service):
         self.stopped: tuple[float, int] | None = None  # (seconds, env steps) at the stop
         self.steps_to_target: int | None = None
         self.return_at_stop: float | None = None  # the moving mean when the stop was decided
+        self.run_failure: str | None = None  # why the run failed (see fail_run)
         self.resume = resume
         self.restore = resume  # what a (re)starting learner continues from ...
         self.restore_version = resume.policy_version if resume is not None else 0  # ... as
@@ -264,8 +265,17 @@ class TrainMonitor(Service):
             self.stopped = (time.monotonic() - self.started, self.env_steps_here)
         return reason
 
+    def fail_run(self, reason: str) -> None:
+        """End the run as failed: :meth:`done` says ``reason`` from now on (the first
+        failure is kept) and the run's summary is written before the run reports it."""
+        if self.run_failure is None:
+            log.error("the run fails: %s", reason)
+            self.run_failure = reason
+
     def _why_done(self) -> str | None:
         cfg = self.stop_config
+        if self.run_failure is not None:
+            return self.run_failure
         if self.time_to_target is not None:
             return "target_return reached"
         if cfg.max_env_steps is not None and self.env_steps >= cfg.max_env_steps:

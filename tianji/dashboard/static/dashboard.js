@@ -138,6 +138,12 @@ function drawStatus(s) {
   banner.textContent = stalled
     ? "Stalled: nothing produced or consumed for " + fmt(stalled.seconds) + " s. " + stalled.state
     : "";
+  const links = s.links_down || [];
+  const down = document.getElementById("links-down");
+  down.hidden = links.length === 0;
+  down.textContent = links.length
+    ? "Links down: " + links.map((l) => l.subscriber + " -> " + l.publisher + ": " + l.error).join("; ")
+    : "";
   const box = document.getElementById("counters");
   box.replaceChildren();
   const dropped = Object.values(s.counters.samples_dropped).reduce((a, b) => a + b, 0);

@@ -1,0 +1,251 @@
+"""``tianji bench scale``, fanout part: one set of weights to N subscribers, time to all.
+
+A publisher process runs a controller and a params-like service that publishes
+``ParamsPublished`` (one uint8 array of ``bytes``) on the params service's topic
+(``LATEST_PARAMS``), with a shared-memory listener beside its TCP one, as ``tianji serve``
+and the local launcher start services. N subscriber services, packed into at most
+``PROCESSES_PER_HOST`` processes per host, subscribe as actors do (shared memory on the
+publisher's host, TCP from other hosts) and acknowledge each version with the time its
+weights were readable in the handler (delivery, not loading them into a model).
+Each size is published ``REPEATS`` times, one version at a time: ``seconds_to_all`` is the
+median over versions of (last arrival - publish), ``params_bytes_sent`` the bytes the
+publisher put on its links per version (its ``published_bytes`` counter).
+
+Across hosts (``hosts`` > 1, root and iproute2): the publisher's host and ``hosts - 1``
+others are network namespaces on one bridge (:mod:`tianji.bench.netns`), the subscribers
+spread evenly over the other hosts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from tianji.bench.spawn import start_json_child
+
+__all__ = ["PROCESSES_PER_HOST", "REPEATS", "measure_fanout"]
+
+PROCESSES_PER_HOST = 8
+REPEATS = 3
+ACK = "ArraysPublished/ack"
+READY_TIMEOUT = 120.0
+
+
+async def _publisher(job: dict[str, Any]) -> dict[str, Any]:
+    from tianji.rl.events import ParamsPublished
+    from tianji.rl.topics import LATEST_PARAMS
+    from tianji.runtime.controller import Controller
+    from tianji.runtime.events import ArraysPublished
+    from tianji.runtime.heartbeats import ServiceStat
+    from tianji.runtime.service import Service
+
+    bind = f"tcp://{job['host']}:0"
+    ctl = Controller(bind=bind)
+    ctl_task = asyncio.create_task(ctl.run())
+    await ctl.wait_ready()
+    acks: dict[int, list[float]] = {}
+    arrived = asyncio.Event()
+
+    async def on_ack(ev: ArraysPublished) -> None:
+        acks.setdefault(ev.seq, []).append(float(ev.arrays["t"][0]))
+        if len(acks[ev.seq]) >= job["subscribers"]:
+            arrived.set()
+
+    pub = Service(
+        "params-0",
+        bind=bind,
+        local_bind="shm://" if job["shm"] else None,
+        controller=ctl.address,
+        publishes=[LATEST_PARAMS],
+    )
+    pub.subscribe(ACK, on_ack)
+    pub_task = asyncio.create_task(pub.run())
+    await pub.wait_ready()
+    print(json.dumps({"controller": ctl.address}), flush=True)
+    rows = []
+    try:
+        n = job["subscribers"]
+        await asyncio.wait_for(pub.wait_subscribers(LATEST_PARAMS, n), READY_TIMEOUT)
+        await asyncio.wait_for(arrived.wait(), READY_TIMEOUT)  # every hello (seq 0) is in
+        version = 0
+        for size in job["sizes"]:
+            weights = {"w": np.full(size, 7, np.uint8)}
+            times, sent = [], []
+            for _ in range(REPEATS):
+                version += 1
+                arrived.clear()
+                before = pub.counters[ServiceStat.PUBLISHED_BYTES]
+                started = time.time()
+                await pub.publish(
+                    ParamsPublished(policy_version=version, weights=weights), LATEST_PARAMS
+                )
+                await asyncio.wait_for(arrived.wait(), READY_TIMEOUT)
+                times.append(max(acks[version]) - started)
+                sent.append(pub.counters[ServiceStat.PUBLISHED_BYTES] - before)
+            rows.append(
+                {
+                    "bytes": size,
+                    "seconds_to_all": round(statistics.median(times), 4),
+                    "params_bytes_sent": int(statistics.median(sent)),
+                }
+            )
+        return {"rows": rows}
+    finally:
+        pub.stop("bench over")
+        ctl.stop("bench over")
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.gather(pub_task, ctl_task), 30)
+
+
+async def _subscribers(job: dict[str, Any]) -> dict[str, Any]:
+    from tianji.rl.events import ParamsPublished
+    from tianji.rl.topics import LATEST_PARAMS
+    from tianji.runtime.events import ArraysPublished
+    from tianji.runtime.service import Service
+
+    bind = f"tcp://{job['host']}:0"
+    services = []
+    for name in job["names"]:
+        svc = Service(
+            name,
+            bind=bind,
+            local_bind="shm://" if job["shm"] else None,
+            controller=job["controller"],
+            publishes=[ACK],
+        )
+
+        async def on_params(ev: ParamsPublished, svc: Service = svc) -> None:
+            # the weights are here, readable: acknowledge (loading them into a model is
+            # the actor's cost, the same whatever carried them)
+            t = np.array([time.time()])
+            ack = ArraysPublished(seq=ev.policy_version, policy_version=0, arrays={"t": t}, meta={})
+            await svc.publish(ack, ACK)
+
+        svc.subscribe(LATEST_PARAMS, on_params)
+        services.append(svc)
+    tasks = [asyncio.create_task(s.run()) for s in services]
+
+    async def hello(svc: Service) -> None:  # our acks reach the publisher from now on
+        await svc.wait_subscribers(ACK, 1)
+        t = np.array([time.time()])
+        await svc.publish(ArraysPublished(seq=0, policy_version=0, arrays={"t": t}, meta={}), ACK)
+
+    for svc in services:
+        tasks.append(asyncio.create_task(hello(svc)))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def wait_for_eof() -> None:  # the driver closes our stdin at the end
+        sys.stdin.read()
+        loop.call_soon_threadsafe(stop.set)
+
+    threading.Thread(target=wait_for_eof, daemon=True).start()
+    await stop.wait()
+    for s in services:
+        s.stop("bench over")
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return {}
+
+
+def _worker(kind: str) -> int:
+    import logging
+
+    from tianji.runtime.loop import run
+
+    logging.basicConfig(
+        level=os.environ.get("TIANJI_LOG_LEVEL", "WARNING"),
+        format=f"%(asctime)s {kind} %(levelname)s %(name)s: %(message)s",
+    )
+
+    job = json.loads(sys.stdin.readline())
+    result = run((_publisher if kind == "publisher" else _subscribers)(job))
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+def _spawn(argv: list[str], job: dict[str, Any], prefix: list[str]) -> subprocess.Popen[str]:
+    cmd = [sys.executable, "-m", "tianji.bench.scale_fanout", *argv]
+    return start_json_child(cmd, job, prefix)
+
+
+def measure_fanout(subscribers: int, sizes: list[int], hosts: int = 1) -> list[dict[str, Any]]:
+    """Fanout rows, one per size, for ``subscribers`` on ``hosts`` hosts.
+
+    Raises:
+        RuntimeError: when a process fails (with its last words).
+    """
+    from tianji import transports
+    from tianji.bench.netns import Bridge
+
+    bridge = Bridge(hosts) if hosts > 1 else None
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        if bridge is not None:
+            bridge.create()
+
+        def where(h: int) -> list[str]:
+            return bridge.prefix(h) if bridge is not None else []
+
+        def host_ip(h: int) -> str:
+            return bridge.ip(h) if bridge is not None else "127.0.0.1"
+
+        shm = "shm" in transports.names()
+        job = {"host": host_ip(0), "subscribers": subscribers, "sizes": sizes, "shm": shm}
+        pub = _spawn(["--publisher"], job, where(0))
+        procs.append(pub)
+        assert pub.stdout is not None
+        line = pub.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the publisher did not start: {_last_words(pub)}")
+        controller = json.loads(line)["controller"]
+        sub_hosts = list(range(1, hosts)) if hosts > 1 else [0]
+        names = [f"actor-{i}" for i in range(subscribers)]
+        by_host = {h: names[k :: len(sub_hosts)] for k, h in enumerate(sub_hosts)}
+        for h, mine in by_host.items():
+            n = min(PROCESSES_PER_HOST, len(mine))
+            for p in range(n):
+                part = mine[p::n]
+                if part:
+                    sub = {"host": host_ip(h), "controller": controller, "names": part, "shm": shm}
+                    procs.append(_spawn(["--subscribers"], sub, where(h)))
+        out, _ = pub.communicate(timeout=READY_TIMEOUT * 2 + 600)
+        if pub.returncode != 0:
+            raise RuntimeError(f"the publisher failed: {_last_words(pub)}")
+        result = json.loads(out.strip().splitlines()[-1])
+        return [
+            {"part": "fanout", "subscribers": subscribers, "hosts": hosts, **row}
+            for row in result["rows"]
+        ]
+    finally:
+        for proc in procs:
+            with contextlib.suppress(Exception):
+                if proc.stdin is not None and not proc.stdin.closed:
+                    proc.stdin.close()
+        for proc in procs:
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if bridge is not None:
+            bridge.destroy()
+
+
+def _last_words(proc: subprocess.Popen[str]) -> str:
+    err = proc.stderr.read() if proc.stderr is not None else ""
+    lines = err.strip().splitlines()
+    return " | ".join(lines[-5:]) if lines else f"exit {proc.returncode}"
+
+
+if __name__ == "__main__":
+    sys.exit(_worker("publisher" if "--publisher" in sys.argv else "subscribers"))
