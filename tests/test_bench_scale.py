@@ -49,6 +49,8 @@ def _rows() -> list[dict]:
          "seconds_to_all": 0.05, "params_bytes_sent": 64 * MB},
         {"part": "fanout", "subscribers": 8, "hosts": 2, "bytes": MB,
          "seconds_to_all": 0.02, "params_bytes_sent": 2 * MB},
+        {"part": "fanout", "subscribers": 8, "hosts": 3, "bytes": MB,
+         "seconds_to_all": 0.02, "params_bytes_sent": 2 * MB},
         {"part": "fanout", "label": "fanout 32", "error": "RuntimeError: boom"},
     ]  # fmt: skip
 
@@ -63,8 +65,11 @@ def test_goals_compare_rows_of_one_run() -> None:
     assert (fan["measured"], fan["status"]) == (5.0, "MISS")
     local = next(g for g in by_goal.values() if "64 subscribers on 1 host(s)" in g["goal"])
     assert (local["measured"], local["status"]) == (64.0, "MISS")
-    hosts = next(g for g in by_goal.values() if "8 subscribers on 2 host(s)" in g["goal"])
-    assert (hosts["measured"], hosts["status"]) == (1.0, "PASS")
+    # 2 hosts: the publisher's and one with the 8 subscribers, which got 2 copies
+    hosts = next(g for g in by_goal.values() if "8 subscribers on 1 host(s)" in g["goal"])
+    assert (hosts["measured"], hosts["status"]) == (2.0, "MISS")
+    two = next(g for g in by_goal.values() if "8 subscribers on 2 host(s)" in g["goal"])
+    assert (two["measured"], two["status"]) == (1.0, "PASS")  # one copy per host
     assert by_goal["sampling: 2 actor processes >= 1.6 x one"]["status"] == "PASS"
     assert by_goal["sampling: 32 actor processes >= 0.9 x the best count"]["measured"] == 0.8824
     assert all(g["status"] == "N/A" for g in goals([]))

@@ -25,7 +25,10 @@ QUICK_ACTOR_COUNTS = (1, 2, 4)
 def measure_actors(actors: int, seconds: float, warmup: float) -> dict[str, Any]:
     """One actors row (``error`` instead of figures when the run failed)."""
     cell = Cell("tianji", "cartpole", mode="sampling")
-    overrides = {"actors": {"count": actors}}
+    overrides: dict[str, dict[str, Any]] = {"actors": {"count": actors}}
+    # N processes start on the box's cores before the first step: give the run that time
+    # on top of its window (32 actors took ~45 s to start here)
+    overrides["stop"] = {"max_seconds": seconds + warmup + 15.0 + 2.0 * actors}
     row = measure(cell, seconds, warmup, None, overrides)
     out: dict[str, Any] = {"part": "actors", "actors": actors, "envs_per_actor": 4}
     for key in ("env_steps_per_s", "seconds", "controller_cpu_share", "max_rss_mb_by_role"):

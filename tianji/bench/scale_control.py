@@ -260,7 +260,15 @@ async def _sim_main(job: dict[str, Any]) -> dict[str, Any]:
     async def join(sim: _Sim, gate: asyncio.Semaphore) -> None:
         publishes, watches = topology[sim.role]
         async with gate:
-            sim.conn = await transport.connect(address, limits=limits)
+            delay = 0.05
+            while True:  # as a service does: a refused or reset connect is tried again
+                try:
+                    sim.conn = await transport.connect(address, limits=limits)
+                    break
+                except TianjiError:
+                    retries.append(sim.name)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 2.0)
             tasks.append(asyncio.create_task(reader(sim)))
             sim.waiting = {"", *watches}
             sim.sent_at = time.time()
@@ -279,6 +287,7 @@ async def _sim_main(job: dict[str, Any]) -> dict[str, Any]:
             await sim.conn.send(frames(WatchTopics(topics=watches)))
 
     answered: list[_Sim] = []
+    retries: list[str] = []  # connects that failed (the controller's accept queue was full)
     all_answered = asyncio.Event()
     stop = threading.Event()
 
@@ -288,7 +297,7 @@ async def _sim_main(job: dict[str, Any]) -> dict[str, Any]:
 
     threading.Thread(target=wait_for_eof, daemon=True).start()
     tasks: list[asyncio.Task[None]] = []
-    gate = asyncio.Semaphore(256)  # connections being made at once
+    gate = asyncio.Semaphore(64)  # connections being made at once, per simulator
     joined0 = time.time()
     await asyncio.gather(*(join(s, gate) for s in sims))
     await all_answered.wait()
@@ -337,7 +346,7 @@ async def _sim_main(job: dict[str, Any]) -> dict[str, Any]:
     for task in tasks:
         task.cancel()
     waits = [(s.answered - s.sent_at) * 1000 for s in sims if s.answered is not None]
-    return {"register_ms": waits, "join_s": joined - joined0}
+    return {"register_ms": waits, "join_s": joined - joined0, "connect_retries": len(retries)}
 
 
 def _worker(kind: str) -> int:
@@ -393,11 +402,22 @@ def measure_control(services: int, seconds: float, warmup: float) -> dict[str, A
             }
             sim = start_json_child([*cmd, "--sim"], job)
             sims.append(sim)
-        out, err = ctl.communicate(timeout=run_s + 60)
+        deadline = time.monotonic() + run_s + 60
+        while ctl.poll() is None:  # a simulator that dies ends the row, with its reason
+            for sim in sims:
+                if sim.poll() is not None:
+                    err = sim.stderr.read() if sim.stderr is not None else ""
+                    start = max(0, err.find("Traceback"))  # its error, not what followed
+                    raise RuntimeError(f"a simulator exited {sim.returncode}: {err[start:][:1500]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no result within {run_s + 60:.0f} s")
+            time.sleep(0.5)
+        out, err = ctl.communicate(timeout=60)
         if ctl.returncode != 0:
             raise RuntimeError(f"the controller failed: {err[-2000:]}")
         row: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
         register: list[float] = []
+        retried = 0
         joins: list[float] = []
         for sim in sims:
             sim_out, _ = sim.communicate(timeout=60)  # closes its stdin: it stops, reports
@@ -406,9 +426,11 @@ def measure_control(services: int, seconds: float, warmup: float) -> dict[str, A
                 got = json.loads(lines[-1])
                 register += got["register_ms"]
                 joins.append(got["join_s"])
+                retried += got["connect_retries"]
         row["register_p50_ms"] = round(percentile(register, 50), 2) if register else None
         row["register_p99_ms"] = round(percentile(register, 99), 2) if register else None
         row["join_s"] = round(max(joins), 2) if joins else None
+        row["connect_retries"] = retried
         return {"part": "control", **row}
     finally:
         for proc in [ctl, *sims]:
