@@ -343,3 +343,51 @@ def test_two_learner_processes_train_cartpole_ppo_to_a_modest_target(tmp_path: P
     # Both learners consumed: every update takes one batch (2 fragments of 256) from each
     # (the last heartbeats may be one update apart).
     assert s["samples_consumed"] >= (s["learner_updates"] - 1) * 2 * 512
+
+
+def test_a_batch_consumed_just_before_a_stop_is_not_also_dropped_at_shutdown() -> None:
+    """A stop that cancels the learner after it counted a batch as consumed (here while it
+    asks for the next one) must not count that batch again as ``dropped/shutdown``: every
+    received sample is consumed, dropped or held exactly once."""
+
+    async def main() -> LearnerService:
+        ctl = Controller(bind=BIND)
+        ctl_task = asyncio.create_task(ctl.run())
+        await ctl.wait_ready()
+        extra = dict(bind=BIND, controller=ctl.address)
+        learners = [
+            LearnerService(f"learner-{j}", config=run_config("ppo", PPO_ALGO), index=j, **extra)
+            for j in range(2)
+        ]
+        first = learners[0]
+        original = first._request
+        never = asyncio.Event()
+
+        async def request(more: int) -> None:
+            if first.counters["samples_consumed"] > 0:
+                await never.wait()  # the stop arrives while the learner waits here
+            await original(more)
+
+        first._request = request  # type: ignore[method-assign]
+        script = {"learner-0": [0] * 3, "learner-1": [0] * 3}
+        others = [
+            ParamsSink("params-0", **extra),
+            Feeder("feeder", algorithm="ppo", script=script, **extra),
+        ]
+        services = [*others, *learners]
+        tasks = [asyncio.create_task(s.run()) for s in services]
+        try:
+            await until(lambda: first.counters["samples_consumed"] > 0)
+        finally:
+            for s in services:
+                s.stop("test over")
+            await asyncio.gather(*tasks, return_exceptions=True)
+            ctl.stop("test over")
+            await ctl_task
+        return first
+
+    first = run_async(main())
+    c = first.counters
+    accounted = c["samples_consumed"] + c["dropped/shutdown"] + c["dropped/stale"]
+    assert c["samples_consumed"] > 0
+    assert accounted + first.gauges["held_samples"] == c["samples_received"], dict(c)

@@ -432,6 +432,7 @@ class LearnerService(Service):
             # step until this learner has a fresh batch, so the step numbers never diverge.
             self.counters[Dropped.STALE] += int(lags.size)
             self._release_held(n)
+            self._current = None  # counted: a stop from here on must not drop it again
             await self._request(1)
             self.report_soon()
             return
@@ -445,6 +446,9 @@ class LearnerService(Service):
         self.counters[LearnerStat.LEARNER_UPDATES] = self.version
         self.counters[LearnerStat.SAMPLES_CONSUMED] += n
         self._release_held(n)
+        # Counted as consumed: a stop that cancels the awaits below must not also count it
+        # as dropped at shutdown (the accounting would then exceed what was produced).
+        self._current = None
         for key, count in self.lag.as_counters().items():
             self.counters[key] = count
         self.gauges.update(result.metrics)
