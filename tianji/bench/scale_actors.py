@@ -16,10 +16,7 @@ from typing import Any
 
 from tianji.bench.throughput import Cell, measure
 
-__all__ = ["ACTOR_COUNTS", "QUICK_ACTOR_COUNTS", "measure_actors"]
-
-ACTOR_COUNTS = (1, 2, 4, 8, 16, 32)
-QUICK_ACTOR_COUNTS = (1, 2, 4)
+__all__ = ["measure_actors"]
 
 
 def measure_actors(actors: int, seconds: float, warmup: float) -> dict[str, Any]:
