@@ -169,6 +169,7 @@ async def run_learners(
     updates: int,
     *,
     vanish_after: int | None = None,
+    prepare: Any = None,
     **learner: Any,
 ) -> tuple[list[LearnerService], list[Recorder], list[BaseException | None]]:
     """Run a controller, a params sink, a feeder and two learners until each learner made
@@ -181,6 +182,8 @@ async def run_learners(
     extra = dict(bind=BIND, controller=ctl.address)
     learners = [LearnerService(f"learner-{j}", config=cfg, index=j, **extra) for j in range(2)]
     recorders = [Recorder() for _ in learners]
+    if prepare is not None:  # e.g. patch a learner before it runs
+        prepare(learners)
     for rec, svc in zip(recorders, learners, strict=True):
         rec.wrap(svc.algo)
     others = [
@@ -350,15 +353,7 @@ def test_a_batch_consumed_just_before_a_stop_is_not_also_dropped_at_shutdown() -
     asks for the next one) must not count that batch again as ``dropped/shutdown``: every
     received sample is consumed, dropped or held exactly once."""
 
-    async def main() -> LearnerService:
-        ctl = Controller(bind=BIND)
-        ctl_task = asyncio.create_task(ctl.run())
-        await ctl.wait_ready()
-        extra = dict(bind=BIND, controller=ctl.address)
-        learners = [
-            LearnerService(f"learner-{j}", config=run_config("ppo", PPO_ALGO), index=j, **extra)
-            for j in range(2)
-        ]
+    def hold_after_first_update(learners: list[LearnerService]) -> None:
         first = learners[0]
         original = first._request
         never = asyncio.Event()
@@ -369,25 +364,12 @@ def test_a_batch_consumed_just_before_a_stop_is_not_also_dropped_at_shutdown() -
             await original(more)
 
         first._request = request  # type: ignore[method-assign]
-        script = {"learner-0": [0] * 3, "learner-1": [0] * 3}
-        others = [
-            ParamsSink("params-0", **extra),
-            Feeder("feeder", algorithm="ppo", script=script, **extra),
-        ]
-        services = [*others, *learners]
-        tasks = [asyncio.create_task(s.run()) for s in services]
-        try:
-            await until(lambda: first.counters["samples_consumed"] > 0)
-        finally:
-            for s in services:
-                s.stop("test over")
-            await asyncio.gather(*tasks, return_exceptions=True)
-            ctl.stop("test over")
-            await ctl_task
-        return first
 
-    first = run_async(main())
-    c = first.counters
+    script = {"learner-0": [0] * 3, "learner-1": [0] * 3}
+    learners, _, _ = run_async(
+        run_learners("ppo", PPO_ALGO, script, 1, prepare=hold_after_first_update)
+    )
+    c = learners[0].counters
     accounted = c["samples_consumed"] + c["dropped/shutdown"] + c["dropped/stale"]
     assert c["samples_consumed"] > 0
-    assert accounted + first.gauges["held_samples"] == c["samples_received"], dict(c)
+    assert accounted + learners[0].gauges["held_samples"] == c["samples_received"], dict(c)

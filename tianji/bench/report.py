@@ -31,6 +31,7 @@ __all__ = [
     "TRANSPORTS",
     "evaluate_goals",
     "finish_report",
+    "goals_markdown",
     "format_rate",
     "format_size",
 ]
@@ -201,6 +202,17 @@ def _ratio(row: Row, ref: Row | None) -> str:
     if ref is None or ref is row:
         return "-"
     return f"{row.bytes_per_s / ref.bytes_per_s:.2f}x"
+
+
+def goals_markdown(goals: Sequence[dict[str, Any]], digits: int = 2) -> list[str]:
+    """The goals of a report (``GoalResult.to_json`` dicts) as markdown table lines, the
+    measured value with ``digits`` decimals."""
+    lines = ["| goal | measured | target | status |", "|---|---:|---:|---|"]
+    for g in goals:
+        measured = "" if g["measured"] is None else f"{g['measured']:.{digits}f}"
+        note = f" ({g['note']})" if g["note"] else ""
+        lines.append(f"| {g['goal']}{note} | {measured} | {g['target']:g} | {g['status']} |")
+    return lines
 
 
 def _goal_line(g: GoalResult) -> str:

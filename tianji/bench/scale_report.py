@@ -22,7 +22,7 @@ import sys
 import time
 from typing import Any
 
-from tianji.bench.report import GoalResult, finish_report
+from tianji.bench.report import GoalResult, finish_report, goals_markdown
 
 __all__ = ["Plan", "add_parser", "goals", "markdown", "plan", "run_bench"]
 
@@ -135,8 +135,11 @@ def goals(rows: list[Row]) -> list[dict[str, Any]]:
         add(f"weights of {size / MB:g} MB to {many['subscribers']} local actors <= 2 x to 1",
             ratio, 2.0, ratio <= 2.0)  # fmt: skip
     for r in rows:  # at the largest size: the bytes scale alike at every size
-        if r.get("part") != "fanout" or "error" in r or r["subscribers"] < 2 or (
-            sizes and r["bytes"] != sizes[-1]
+        if (
+            r.get("part") != "fanout"
+            or "error" in r
+            or r["subscribers"] < 2
+            or (sizes and r["bytes"] != sizes[-1])
         ):
             continue
         # hosts with subscribers: every host but the publisher's when there are several
@@ -159,61 +162,73 @@ def goals(rows: list[Row]) -> list[dict[str, Any]]:
     return [g.to_json() for g in out]
 
 
+def _part_table(
+    rows: list[Row], part: str, title: str, header: str, align: str, line: Any
+) -> list[str]:
+    """One part's table: ``title``, ``header`` and its ``align`` line, ``line(row)`` for
+    each row of ``part`` and an error line for each failed cell."""
+    empty = " |" * (header.count("|") - 3)  # the cells after the label and the error
+    lines = [title, "", header, align]
+    for r in rows:
+        if r.get("part") == part:
+            failed = "error" in r
+            lines.append(
+                f"| {r.get('label')} | error: {r['error'][:100]} |{empty}" if failed else line(r)
+            )
+    return [*lines, ""]
+
+
+def _control_line(r: Row) -> str:
+    return (
+        f"| {r['services']:,} | {r['controller_cpu_share']:.3f} | {_ms(r, 'decision')} "
+        f"| {_ms(r, 'register')} | {r.get('join_s')} | {r['controller_rss_mb']:.0f} "
+        f"| {r['heartbeats_per_s']:,.0f} |"
+    )
+
+
+def _actors_line(r: Row) -> str:
+    rss = ", ".join(f"{k} {v:.0f}" for k, v in sorted((r.get("max_rss_mb_by_role") or {}).items()))
+    cpu = r.get("controller_cpu_share")
+    shown = "" if cpu is None else f"{cpu:.3f}"
+    return f"| {r['actors']} | {r['env_steps_per_s']:,.0f} | {shown} | {rss} |"
+
+
+def _fanout_line(r: Row) -> str:
+    return (
+        f"| {r['subscribers']} | {r['hosts']} | {r['bytes'] / MB:g} "
+        f"| {r['seconds_to_all']:.4f} | {r['params_bytes_sent'] / MB:,.1f} |"
+    )
+
+
 def markdown(report: dict[str, Any]) -> str:
     """The three tables and the goals."""
     rows = report["rows"]
-    lines = ["### Control plane (1 Hz heartbeats, one controller)", ""]
-    lines += [
+    lines = _part_table(
+        rows,
+        "control",
+        "### Control plane (1 Hz heartbeats, one controller)",
         "| services | controller CPU (core) | decision p50 / p99 ms | register p50 / p99 ms "
         "| join s | controller RSS MB | heartbeats/s |",
         "|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        if r.get("part") != "control":
-            continue
-        if "error" in r:
-            lines.append(f"| {r.get('label')} | error: {r['error'][:100]} | | | | | |")
-            continue
-        lines.append(
-            f"| {r['services']:,} | {r['controller_cpu_share']:.3f} | {_ms(r, 'decision')} "
-            f"| {_ms(r, 'register')} | {r.get('join_s')} | {r['controller_rss_mb']:.0f} "
-            f"| {r['heartbeats_per_s']:,.0f} |"
-        )
-    lines += ["", "### Actors on one host (CartPole, 4 envs each, sampling alone)", ""]
-    lines += ["| actors | env steps/s | controller CPU (core) | max RSS MB by role |",
-              "|---:|---:|---:|---|"]  # fmt: skip
-    for r in rows:
-        if r.get("part") != "actors":
-            continue
-        if "error" in r:
-            lines.append(f"| {r.get('label')} | error: {r['error'][:100]} | | |")
-            continue
-        rss = ", ".join(
-            f"{k} {v:.0f}" for k, v in sorted((r.get("max_rss_mb_by_role") or {}).items())
-        )
-        cpu = r.get("controller_cpu_share")
-        shown = "" if cpu is None else f"{cpu:.3f}"
-        lines.append(f"| {r['actors']} | {r['env_steps_per_s']:,.0f} | {shown} | {rss} |")
-    lines += ["", "### Weight fan-out (ParamsPublished, one version at a time)", ""]
-    lines += [
+        _control_line,
+    )
+    lines += _part_table(
+        rows,
+        "actors",
+        "### Actors on one host (CartPole, 4 envs each, sampling alone)",
+        "| actors | env steps/s | controller CPU (core) | max RSS MB by role |",
+        "|---:|---:|---:|---|",
+        _actors_line,
+    )
+    lines += _part_table(
+        rows,
+        "fanout",
+        "### Weight fan-out (ParamsPublished, one version at a time)",
         "| subscribers | hosts | MB | seconds to all | params MB sent |",
         "|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        if r.get("part") != "fanout":
-            continue
-        if "error" in r:
-            lines.append(f"| {r.get('label')} | error: {r['error'][:100]} | | | |")
-            continue
-        lines.append(
-            f"| {r['subscribers']} | {r['hosts']} | {r['bytes'] / MB:g} "
-            f"| {r['seconds_to_all']:.4f} | {r['params_bytes_sent'] / MB:,.1f} |"
-        )
-    lines += ["", "| goal | measured | target | status |", "|---|---:|---:|---|"]
-    for g in report["goals"]:
-        measured = "" if g["measured"] is None else f"{g['measured']:.3f}"
-        note = f" ({g['note']})" if g["note"] else ""
-        lines.append(f"| {g['goal']}{note} | {measured} | {g['target']:g} | {g['status']} |")
+        _fanout_line,
+    )
+    lines += goals_markdown(report["goals"], digits=3)
     return "\n".join(lines) + "\n"
 
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tianji.bench.report import GoalResult, finish_report
+from tianji.bench.report import GoalResult, finish_report, goals_markdown
 
 __all__ = ["add_parser", "goals", "markdown"]
 
@@ -98,11 +98,7 @@ def markdown(report: dict[str, Any]) -> str:
                 f"| {ratio} | {'' if lag is None else f'{lag:.2f}'} | {per_pass} |"
             )
         lines.append("")
-    lines += ["| goal | measured | target | status |", "|---|---:|---:|---|"]
-    for g in report["goals"]:
-        measured = "" if g["measured"] is None else f"{g['measured']:.2f}"
-        note = f" ({g['note']})" if g["note"] else ""
-        lines.append(f"| {g['goal']}{note} | {measured} | {g['target']:g} | {g['status']} |")
+    lines += goals_markdown(report["goals"])
     return "\n".join(lines) + "\n"
 
 
