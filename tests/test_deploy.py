@@ -214,7 +214,7 @@ class _Registry(dict):  # type: ignore[type-arg]
 
 class _Monitor:
     def __init__(self) -> None:
-        self.env_steps_here = 0
+        self.first_data: float | None = None  # seconds to the first env steps reported
         self.run_failure: str | None = None
 
     def fail_run(self, reason: str) -> None:
@@ -249,7 +249,7 @@ def test_a_run_with_no_env_step_after_everyone_joined_fails_naming_the_dead_link
     # a run that stepped once is never failed by this check
     stepped = RunPlan.build(load_config(PPO, ["stop.start_timeout=30"]))
     stepped.monitor = _Monitor()  # type: ignore[assignment]
-    stepped.monitor.env_steps_here = 1  # type: ignore[attr-defined]
+    stepped.monitor.first_data = 2.5  # type: ignore[attr-defined]
     assert not stepped.until(_Registry(names, down))
     clock[0] += 1000
     assert not stepped.until(_Registry(names, down))

@@ -238,7 +238,8 @@ class RunPlan:
     def _check_start(self, controller: Controller, monitor: TrainMonitor) -> None:
         """Fail the run when no env step arrived ``start_timeout`` s after all joined."""
         timeout = self.config.stop.start_timeout
-        if timeout <= 0 or monitor.env_steps_here > 0 or monitor.run_failure is not None:
+        # (first_data: set by the first fragment's report; O(1) on every heartbeat)
+        if timeout <= 0 or monitor.first_data is not None or monitor.run_failure is not None:
             return
         now = time.monotonic()
         if self._joined_at is None:  # (checked on every heartbeat: the count first)
