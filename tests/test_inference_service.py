@@ -119,7 +119,9 @@ def test_every_request_is_answered_once_with_its_own_actions_and_env_state() -> 
     assert all(p < r for p, r in zip(passes, requests, strict=True)), (passes, requests)
 
 
-async def _run(actors: list[FakeActor], **inference: Any) -> list[InferenceService]:
+async def _run(
+    actors: list[FakeActor], actor_type: type[FakeActor] = FakeActor, **inference: Any
+) -> list[InferenceService]:
     ctl = Controller(bind=BIND)
     ctl_task = asyncio.create_task(ctl.run())
     await ctl.wait_ready()
@@ -128,7 +130,7 @@ async def _run(actors: list[FakeActor], **inference: Any) -> list[InferenceServi
     services = [
         InferenceService(f"inference-{k}", config=cfg, index=k, **extra) for k in range(SERVICES)
     ]
-    actors.extend(FakeActor(f"actor-{i}", i, **extra) for i in range(ACTORS))
+    actors.extend(actor_type(f"actor-{i}", i, **extra) for i in range(ACTORS))
     others: list[Service] = [Params("params-0", **extra), *services]
     background = [asyncio.create_task(s.run()) for s in others]
     try:
@@ -140,6 +142,37 @@ async def _run(actors: list[FakeActor], **inference: Any) -> list[InferenceServi
         ctl.stop("test over")
         await ctl_task
     return services
+
+
+class LateSubscriber(FakeActor):
+    """Asks before it subscribes to its answers: the answer must wait for its link."""
+
+    def __init__(self, name: str, index: int, **kw: Any) -> None:
+        super().__init__(name, index, **kw)
+        self._handlers.clear()  # no subscription yet
+
+    async def main(self) -> None:
+        await self.wait_subscribers(self.topic)
+        future = asyncio.get_running_loop().create_future()
+        self._waiting[0] = future
+        self.asked[0] = (np.zeros((2, 4), np.float32), np.arange(2, dtype=np.int32), np.ones(2))
+        await self.publish(ask(self.name, 0), self.topic)
+        await asyncio.sleep(0.3)  # the service has answered by now, to nobody
+        self.subscribe(actions_topic(self.name), self.on_actions)
+        await asyncio.wait_for(future, 10)
+
+
+def test_an_answer_waits_for_the_asking_actors_link_instead_of_being_lost() -> None:
+    async def main() -> tuple[list[FakeActor], list[InferenceService]]:
+        actors: list[FakeActor] = []
+        services = await _run(actors, actor_type=LateSubscriber, max_wait_ms=1.0)
+        return actors, services
+
+    actors, services = run_async(main(), timeout=60)
+    assert all(len(a.answers.get(0, [])) == 1 for a in actors)
+    late = sum(s.counters[InferenceStat.ANSWERS_LATE] for s in services)
+    assert late == ACTORS
+    assert sum(s.counters[InferenceStat.ANSWERS_UNDELIVERED] for s in services) == 0
 
 
 def ask(actor: str, request_id: int, features: int = 4, ids: int = 2) -> ComputeActions:

@@ -119,6 +119,12 @@ class InferenceStat:
     """Observations answered (the rows of all requests)."""
     REQUESTS_MALFORMED: Final = "requests_malformed"
     """Requests refused (wrong observation shape or dtype, mismatched env ids)."""
+    ANSWERS_LATE: Final = "answers_late"
+    """Answers held until the asking actor's subscription link came up (at start-up or after
+    a reconnect), then delivered."""
+    ANSWERS_UNDELIVERED: Final = "answers_undelivered"
+    """Answers dropped because the asking actor had no link to this service for
+    ``ANSWER_WAIT_S`` seconds (it left or cannot reach us)."""
     # gauges
     REQUESTS_PER_PASS: Final = "requests_per_pass"
     ENVS_PER_PASS: Final = "envs_per_pass"

@@ -15,7 +15,10 @@ service (actor ``i`` to service ``i % [inference] count``) and wait for
   ``recurrent = True`` (``initial_state(n)``, ``act(obs, explore=..., state=...)``
   returning ``next_state``);
 * refuses a malformed request (wrong observation shape or dtype, env ids that do not
-  match), counts it and keeps serving everyone else.
+  match), counts it and keeps serving everyone else;
+* holds an answer whose actor has no link to it yet (a request can arrive over the
+  service's link to the actor before the actor's link to the service is up) and delivers
+  it once the link is up; after ``ANSWER_WAIT_S`` it is dropped and counted.
 """
 
 from __future__ import annotations
@@ -40,6 +43,10 @@ from tianji.services.common import make_algorithm, parse_run_config
 __all__ = ["InferenceService"]
 
 log = logging.getLogger(__name__)
+
+ANSWER_WAIT_S = 30.0
+"""How long an answer waits for the asking actor's link to this service before it is dropped
+(counted in ``answers_undelivered``)."""
 
 
 def _observation_shape(config: RunConfig) -> tuple[int, ...]:
@@ -221,4 +228,27 @@ class InferenceService(Service):
                 policy_version=self.policy_version,
                 arrays=part,
             )
-            await self.publish(reply, actions_topic(request.actor))
+            topic = actions_topic(request.actor)
+            if self.subscriber_count(topic):
+                await self.publish(reply, topic)
+            else:  # its link to us is not up yet (or reconnecting): answer once it is
+                self._spawn(self._answer_late(reply, topic))
+
+    async def _answer_late(self, reply: ActionsComputed, topic: str) -> None:
+        """Deliver ``reply`` once the asking actor subscribes (the request can arrive over
+        our link to the actor before the actor's link to us is up), or count it dropped
+        after ``ANSWER_WAIT_S`` seconds."""
+        try:
+            await asyncio.wait_for(self.wait_subscribers(topic), ANSWER_WAIT_S)
+        except TimeoutError:
+            self.counters[InferenceStat.ANSWERS_UNDELIVERED] += 1
+            log.warning(
+                "%s: dropped the answer to request %s of %s: no link from it for %.0f s",
+                self.name,
+                reply.request_id,
+                reply.actor,
+                ANSWER_WAIT_S,
+            )
+            return
+        self.counters[InferenceStat.ANSWERS_LATE] += 1
+        await self.publish(reply, topic)
