@@ -20,7 +20,8 @@ Measured, after every service registered and a warm-up, over a window of ``secon
   watched topic (the registry's answer, taken during the join);
 - ``join_s``: from the first connection to the last service answered;
 - ``controller_rss_mb``: the controller process's resident memory at the window's end;
-- ``heartbeats_per_s`` received and ``decisions_per_s`` made in the window.
+- ``heartbeats_per_s`` received, ``decisions_per_s`` made and ``commands_per_s`` sent (pause,
+  resume, grants) in the window.
 """
 
 from __future__ import annotations
@@ -166,6 +167,7 @@ async def _controller_main(job: dict[str, Any]) -> dict[str, Any]:
         await asyncio.sleep(float(job["warmup"]))
         cpu0, t0 = _cpu_s(), time.monotonic()
         beats0, decisions0 = ctl.heartbeats_received, balancer.decisions
+        commands0 = sum(balancer.commands.values())
         balancer.latencies.clear()
         await asyncio.sleep(float(job["seconds"]))
         window = time.monotonic() - t0
@@ -180,6 +182,7 @@ async def _controller_main(job: dict[str, Any]) -> dict[str, Any]:
             "controller_rss_mb": round(_rss_mb(), 1),
             "heartbeats_per_s": round((ctl.heartbeats_received - beats0) / window, 1),
             "decisions_per_s": round((balancer.decisions - decisions0) / window, 1),
+            "commands_per_s": round((sum(balancer.commands.values()) - commands0) / window, 1),
             "window_s": round(window, 2),
         }
     finally:

@@ -54,6 +54,14 @@ ANNOUNCE_DELAY = 0.02
 """Seconds a change of a topic's publishers waits before its watchers are told (changes
 within it are told together)."""
 
+UPDATE_S_PER_SERVICE = 20e-6
+MAX_UPDATE_INTERVAL = 0.05
+"""Plug-in updates are at least ``min(MAX_UPDATE_INTERVAL, services x
+UPDATE_S_PER_SERVICE)`` seconds apart (heartbeats in between are decided together): a
+decision reads every service, so deciding on every heartbeat costs O(services^2) per
+second; spaced so, it costs O(services) per interval and at most a bounded share of a core
+(0.2 ms apart with 10 services: no delay; 20 ms with 1,000; 50 ms from 2,500 on)."""
+
 Send = Callable[[str, Event], Awaitable[bool]]
 """``await send(service_name, event) -> delivered``: how a plug-in sends a command."""
 P = TypeVar("P")
@@ -132,6 +140,7 @@ class Controller(Service):
         self.run_id = run_id or uuid.uuid4().hex[:12]
         self.run_digest = ""  # when set, services registering another digest are refused
         self._plugins_wanted = asyncio.Event()
+        self.plugin_updates = 0  # plug-in update rounds so far
         self.registry: dict[str, ServiceRecord] = {}
         self.reports: dict[str, ServiceReported] = {}
         self.heartbeats: dict[str, Heartbeat] = {}  # latest per service, kept after it leaves
@@ -234,13 +243,21 @@ class Controller(Service):
     async def _plugin_loop(self) -> None:
         """Plug-in updates, one at a time, on the latest heartbeats: heartbeats arrive on
         many connections at once, and two interleaved decisions could send commands out of
-        order (a pause after the resume that superseded it)."""
+        order (a pause after the resume that superseded it). Spaced by the run's size
+        (``UPDATE_S_PER_SERVICE``)."""
+        loop = asyncio.get_running_loop()
         while True:
             await self._plugins_wanted.wait()
             self._plugins_wanted.clear()
+            started = loop.time()
             for plugin in self.plugins:
                 await plugin.update(self.heartbeats, self.registry)
                 self.gauges.update(plugin.gauges())  # in the controller's heartbeat
+            self.plugin_updates += 1
+            spacing = min(MAX_UPDATE_INTERVAL, len(self.heartbeats) * UPDATE_S_PER_SERVICE)
+            rest = started + spacing - loop.time()
+            if rest > 0:
+                await asyncio.sleep(rest)
 
     # ------------------------------------------------------------------ requests
     async def on_request(self, ev: Event, conn: Connection) -> None:

@@ -34,7 +34,7 @@ from tianji.rl.stats import ActorStat, BufferStat, Dropped, LearnerStat
 from tianji.runtime.controller import Controller, Send
 from tianji.runtime.events import Event, Heartbeat
 
-__all__ = ["Balancer", "accounting", "balancer_of", "dropped_by_reason", "lag_summary"]
+__all__ = ["Balancer", "Tally", "accounting", "balancer_of", "dropped_by_reason", "lag_summary"]
 
 log = logging.getLogger("tianji.balancer")
 
@@ -94,6 +94,7 @@ class Balancer:
         self._moved: tuple[int, int, float] | None = None  # (produced, consumed, when)
         self.stalled: dict[str, Any] | None = None
         self.stalls = 0
+        self.tally = Tally()  # the heartbeats' totals, kept up to date per heartbeat
 
     def attach(self, send: Send) -> None:
         """Send commands through the controller (:class:`ControllerPlugin`)."""
@@ -137,7 +138,9 @@ class Balancer:
         log.warning("%s died with %d samples on their way to it: lost_in_restart", retired, lost)
 
     def forget(self, name: str) -> None:
-        """``name`` died: its next incarnation starts without grants."""
+        """``name`` died: its next incarnation starts without grants (and its last heartbeat
+        is counted again under its retired name)."""
+        self.tally.remove(name)
         self.grants.pop(name, None)
         self.production.pop(name, None)
         self._incarnation.pop(name, None)
@@ -151,51 +154,16 @@ class Balancer:
     ) -> Observation:
         """The policy's view of the run from the latest heartbeats of live services (and
         the counts of dead incarnations, ``name#k``, which stay in the totals)."""
-        inserted = consumed = dropped = produced = version = 0
-        params: int | None = None
-        filling = False
-        versions: dict[str, int] = {}
-        fragments: dict[str, int] = {}
-        sent: dict[str, int] = {}
-        for name, hb in heartbeats.items():
-            if hb.role == "buffer":
-                inserted += hb.counters.get(BufferStat.SAMPLES_INSERTED, 0)
-                dropped += _dropped(hb)
-                filling |= name in live and hb.gauges.get(BufferStat.READY, 1.0) < 1.0
-            elif hb.role == "learner":
-                consumed += hb.counters.get(LearnerStat.SAMPLES_CONSUMED, 0)
-                dropped += _dropped(hb)
-                version = max(version, hb.counters.get(LearnerStat.LEARNER_UPDATES, 0))
-                if "params_version" in hb.gauges and name in live:
-                    params = max(params or 0, int(hb.gauges[LearnerStat.PARAMS_VERSION]))
-            elif hb.role == "actor":
-                produced += hb.counters.get(ActorStat.SAMPLES_PRODUCED, 0)
-                dropped += _dropped(hb)
-                # a producer counts from its first heartbeat since it registered: until
-                # then the last one may be an earlier incarnation's (its counts, not ours)
-                if name in live and getattr(live[name], "last_heartbeat", hb) is not None:
-                    versions[name] = int(hb.gauges.get(ActorStat.POLICY_VERSION, -1))
-                    fragments[name] = int(hb.gauges.get(ActorStat.FRAGMENTS_AT_VERSION, 0))
-                    sent[name] = int(hb.counters.get(ActorStat.FRAGMENTS_SENT, 0))
-        return Observation(
-            inserted=inserted,
-            consumed=consumed,
-            dropped=dropped,
-            learner_version=version,
-            producer_versions=versions,
-            fragments_at_version=fragments,
-            filling=filling,
-            produced=produced,
-            fragments_sent=sent,
-            granted={p: granted.get(p, 0) for p in versions} if granted else {},
-            params_version=params,
-        )
+        tally = Tally()
+        tally.scan(heartbeats)
+        return tally.observation(live, granted)
 
     async def update(self, heartbeats: Mapping[str, Heartbeat], live: Mapping[str, Any]) -> None:
         """Decide on the latest heartbeats and send what changed."""
         self._track_incarnations(live)
         granted = {n: g.limit for n, g in self.production.items()}
-        obs = self.observe(heartbeats, live, granted)
+        self.tally.scan(heartbeats)
+        obs = self.tally.observation(live, granted)
         now = time.monotonic()
         self._history.append((now, obs.inserted, obs.consumed))
         while len(self._history) > 2 and self._history[1][0] < now - self.window:
@@ -215,9 +183,8 @@ class Balancer:
             return
         # Data-parallel learners step together on equal batches: each gets an equal share.
         limit = decision.consume_limit // self.config.learners
-        learners = [n for n, hb in heartbeats.items() if hb.role == "learner" and n in live]
-        for name in learners:
-            own = limit - _retired_consumed(heartbeats, name)  # a restarted one counts from 0
+        for name in [n for n in self.tally.learners if n in live]:
+            own = limit - self.tally.retired_consumed(name)  # a restarted one counts from 0
             if self.grants.get(name) != own:
                 grant = GrantConsumption(limit=own, reason=decision.reason)
                 if await self._send(name, grant):
@@ -255,7 +222,7 @@ class Balancer:
         """Report a run in which nothing is produced and nothing consumed for
         ``watchdog_s`` seconds while producers and a learner are up (once per stall)."""
         produced = obs.produced or obs.inserted
-        learners_up = any(hb.role == "learner" and n in live for n, hb in heartbeats.items())
+        learners_up = any(n in live for n in self.tally.learners)
         last = self._moved
         moved = last is not None and (produced, obs.consumed) != last[:2]
         if last is None or moved or not obs.producer_versions or not learners_up:
@@ -390,14 +357,122 @@ class Balancer:
         }
 
 
-def _retired_consumed(heartbeats: Mapping[str, Heartbeat], name: str) -> int:
-    """Samples consumed by the earlier incarnations of ``name`` (see Controller.retire)."""
-    prefix = f"{name}#"
-    return sum(
-        hb.counters.get(LearnerStat.SAMPLES_CONSUMED, 0)
-        for n, hb in heartbeats.items()
-        if n.startswith(prefix)
-    )
+class Tally:
+    """The totals the balance policy reads, kept per heartbeat instead of summed over every
+    service for every decision: :meth:`scan` finds the heartbeats that are new since the
+    last scan (an identity check per service) and moves only their part of the totals;
+    :meth:`observation` reads the totals (and the per-producer gauges of live actors).
+
+    The sums (``inserted``, ``consumed``, ``dropped``, ``produced``) cover every heartbeat,
+    live and retired (``name#k``); the gauges count only live services, as before.
+    """
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self._seen: dict[str, Heartbeat] = {}
+        self._parts: dict[str, tuple[int, int, int, int]] = {}
+        self.inserted = self.consumed = self.dropped = self.produced = 0
+        self.buffers: dict[str, bool] = {}  # buffer -> still filling
+        self.learners: dict[str, tuple[int, int | None]] = {}  # -> (updates, params version)
+        self.learner_consumed: dict[str, int] = {}  # learner (and retired ones, name#k)
+        self.actors: dict[str, tuple[int, int, int]] = {}  # -> (version, at it, sent)
+
+    def scan(self, heartbeats: Mapping[str, Heartbeat]) -> None:
+        """Take in the heartbeats that changed since the last scan."""
+        seen = self._seen
+        for name, hb in heartbeats.items():
+            if seen.get(name) is not hb:
+                self._take(name, hb)
+        if len(seen) != len(heartbeats):  # one went without forget(): start over
+            self._reset()
+            for name, hb in heartbeats.items():
+                self._take(name, hb)
+
+    def remove(self, name: str) -> None:
+        """``name``'s heartbeat is gone (it is counted again under its retired name)."""
+        part = self._parts.pop(name, None)
+        self._seen.pop(name, None)
+        if part is not None:
+            self._add(part, -1)
+        self.buffers.pop(name, None)
+        self.learners.pop(name, None)
+        self.learner_consumed.pop(name, None)
+        self.actors.pop(name, None)
+
+    def retired_consumed(self, name: str) -> int:
+        """Samples consumed by the earlier incarnations of learner ``name`` (``name#k``,
+        see Controller.retire)."""
+        prefix = f"{name}#"
+        return sum(n for k, n in self.learner_consumed.items() if k.startswith(prefix))
+
+    def _take(self, name: str, hb: Heartbeat) -> None:
+        old = self._parts.get(name)
+        if old is not None:
+            self._add(old, -1)
+        c = hb.counters
+        dropped = _dropped(hb)
+        if hb.role == "buffer":
+            part = (c.get(BufferStat.SAMPLES_INSERTED, 0), 0, dropped, 0)
+            self.buffers[name] = hb.gauges.get(BufferStat.READY, 1.0) < 1.0
+        elif hb.role == "learner":
+            part = (0, c.get(LearnerStat.SAMPLES_CONSUMED, 0), dropped, 0)
+            params = hb.gauges.get(LearnerStat.PARAMS_VERSION)
+            updates = c.get(LearnerStat.LEARNER_UPDATES, 0)
+            self.learners[name] = (updates, None if params is None else int(params))
+            self.learner_consumed[name] = part[1]
+        elif hb.role == "actor":
+            part = (0, 0, dropped, c.get(ActorStat.SAMPLES_PRODUCED, 0))
+            self.actors[name] = (
+                int(hb.gauges.get(ActorStat.POLICY_VERSION, -1)),
+                int(hb.gauges.get(ActorStat.FRAGMENTS_AT_VERSION, 0)),
+                int(c.get(ActorStat.FRAGMENTS_SENT, 0)),
+            )
+        else:
+            part = (0, 0, 0, 0)
+        self._parts[name] = part
+        self._seen[name] = hb
+        self._add(part, 1)
+
+    def _add(self, part: tuple[int, int, int, int], sign: int) -> None:
+        self.inserted += sign * part[0]
+        self.consumed += sign * part[1]
+        self.dropped += sign * part[2]
+        self.produced += sign * part[3]
+
+    def observation(
+        self, live: Mapping[str, Any], granted: Mapping[str, int] | None = None
+    ) -> Observation:
+        """The policy's view: the totals, and the gauges of the live services (a producer
+        counts from its first heartbeat since it registered: until then the last one may
+        be an earlier incarnation's)."""
+        version, params = 0, None
+        for name, (updates, published) in self.learners.items():
+            version = max(version, updates)
+            if published is not None and name in live:
+                params = max(params or 0, published)
+        filling = any(f and name in live for name, f in self.buffers.items())
+        versions: dict[str, int] = {}
+        fragments: dict[str, int] = {}
+        sent: dict[str, int] = {}
+        for name, (v, f, s) in self.actors.items():
+            record = live.get(name)
+            if record is not None and getattr(record, "last_heartbeat", True) is not None:
+                versions[name], fragments[name], sent[name] = v, f, s
+        return Observation(
+            inserted=self.inserted,
+            consumed=self.consumed,
+            dropped=self.dropped,
+            learner_version=version,
+            producer_versions=versions,
+            fragments_at_version=fragments,
+            filling=filling,
+            produced=self.produced,
+            fragments_sent=sent,
+            granted={p: granted.get(p, 0) for p in versions} if granted else {},
+            params_version=params,
+        )
 
 
 def _dropped(hb: Heartbeat) -> int:
