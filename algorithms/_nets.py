@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -285,7 +286,9 @@ def load_numpy_weights(module: nn.Module, weights: Mapping[str, np.ndarray]) -> 
     missing, extra = sorted(own.keys() - weights.keys()), sorted(weights.keys() - own.keys())
     if missing or extra:
         raise ValueError(f"weights do not match the network: missing {missing}, extra {extra}")
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings():
+        # weights from a shared-memory board are read-only views: only read here
+        warnings.filterwarnings("ignore", "The given NumPy array is not writable")
         for k, v in own.items():
             src = torch.as_tensor(np.asarray(weights[k]))
             if tuple(src.shape) != tuple(v.shape):

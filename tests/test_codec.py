@@ -48,6 +48,7 @@ from tianji.runtime.codec import ARRAY_EXT, WIRE_VERSION, Codec, decode, encode
 from tianji.runtime.errors import BadFrame
 from tianji.runtime.events import (
     ArraysPublished,
+    BoardPosted,
     Event,
     Heartbeat,
     PublishersChanged,
@@ -147,6 +148,13 @@ def sample_events() -> list[Event]:
     """One populated instance of every event class declared in tianji.runtime.events."""
     return [
         Subscribe(topics=("Heartbeat", "TrajectoryCollected/actor-3")),
+        BoardPosted(
+            topic="ParamsPublished/latest",
+            board="tianji-1-2-board0a",
+            slot=2,
+            seq=6,
+            lengths=(40, 4096),
+        ),
         RegisterService(
             name="actor-0",
             role="actor",

@@ -3,17 +3,21 @@
 A publisher process runs a controller and a params-like service that publishes
 ``ParamsPublished`` (one uint8 array of ``bytes``) on the params service's topic
 (``LATEST_PARAMS``), with a shared-memory listener beside its TCP one, as ``tianji serve``
-and the local launcher start services. N subscriber services, packed into at most
-``PROCESSES_PER_HOST`` processes per host, subscribe as actors do (shared memory on the
-publisher's host, TCP from other hosts) and acknowledge each version with the time its
-weights were readable in the handler (delivery, not loading them into a model).
-Each size is published ``REPEATS`` times, one version at a time: ``seconds_to_all`` is the
-median over versions of (last arrival - publish), ``params_bytes_sent`` the bytes the
-publisher put on its links per version (its ``published_bytes`` counter).
+and the local launcher start services, and shares the topic on its board as the params
+service does (one write per version for the subscribers on its host). N subscriber
+services, packed into at most ``PROCESSES_PER_HOST`` processes per host, subscribe as
+actors do (shared memory on the publisher's host, TCP from other hosts) and acknowledge
+each version with the time its weights were readable in the handler (delivery, not
+loading them into a model). Each size is published ``REPEATS`` times, one version at a
+time: ``seconds_to_all`` is the median over versions of (last arrival - publish),
+``params_bytes_sent`` the bytes the publisher put on its links per version (its
+``published_bytes`` counter: a board write counts once).
 
 Across hosts (``hosts`` > 1, root and iproute2): the publisher's host and ``hosts - 1``
 others are network namespaces on one bridge (:mod:`tianji.bench.netns`), the subscribers
-spread evenly over the other hosts.
+spread evenly over the other hosts, each of which runs a params relay
+(:class:`~tianji.services.params.ParamsRelay`, as ``tianji serve relay`` starts it): the
+publisher sends each version once per host, the relay hands it on through its board.
 """
 
 from __future__ import annotations
@@ -69,14 +73,19 @@ async def _publisher(job: dict[str, Any]) -> dict[str, Any]:
         publishes=[LATEST_PARAMS],
     )
     pub.subscribe(ACK, on_ack)
+    pub.share_on_board(LATEST_PARAMS)  # as the params service: one copy per host
     pub_task = asyncio.create_task(pub.run())
     await pub.wait_ready()
     print(json.dumps({"controller": ctl.address}), flush=True)
     rows = []
     try:
-        n = job["subscribers"]
-        await asyncio.wait_for(pub.wait_subscribers(LATEST_PARAMS, n), READY_TIMEOUT)
+        direct = job["relays"] or job["subscribers"]  # with relays: one link per host
+        await asyncio.wait_for(pub.wait_subscribers(LATEST_PARAMS, direct), READY_TIMEOUT)
         await asyncio.wait_for(arrived.wait(), READY_TIMEOUT)  # every hello (seq 0) is in
+
+        deadline = time.monotonic() + READY_TIMEOUT  # subscribers moved to their relays
+        while pub.subscriber_count(LATEST_PARAMS) != direct and time.monotonic() < deadline:  # noqa: ASYNC110 - a count going down has no event
+            await asyncio.sleep(0.05)
         version = 0
         for size in job["sizes"]:
             weights = {"w": np.full(size, 7, np.uint8)}
@@ -112,9 +121,19 @@ async def _subscribers(job: dict[str, Any]) -> dict[str, Any]:
     from tianji.rl.topics import LATEST_PARAMS
     from tianji.runtime.events import ArraysPublished
     from tianji.runtime.service import Service
+    from tianji.services.params import ParamsRelay
 
     bind = f"tcp://{job['host']}:0"
-    services = []
+    services: list[Service] = []
+    if job.get("relay"):  # this host's params relay, as `tianji serve relay` starts it
+        services.append(
+            ParamsRelay(
+                job["relay"],
+                bind=bind,
+                local_bind="shm://" if job["shm"] else None,
+                controller=job["controller"],
+            )
+        )
     for name in job["names"]:
         svc = Service(
             name,
@@ -131,7 +150,7 @@ async def _subscribers(job: dict[str, Any]) -> dict[str, Any]:
             ack = ArraysPublished(seq=ev.policy_version, policy_version=0, arrays={"t": t}, meta={})
             await svc.publish(ack, ACK)
 
-        svc.subscribe(LATEST_PARAMS, on_params)
+        svc.subscribe(LATEST_PARAMS, on_params, latest_only=True)
         services.append(svc)
     tasks = [asyncio.create_task(s.run()) for s in services]
 
@@ -141,7 +160,8 @@ async def _subscribers(job: dict[str, Any]) -> dict[str, Any]:
         await svc.publish(ArraysPublished(seq=0, policy_version=0, arrays={"t": t}, meta={}), ACK)
 
     for svc in services:
-        tasks.append(asyncio.create_task(hello(svc)))
+        if not isinstance(svc, ParamsRelay):
+            tasks.append(asyncio.create_task(hello(svc)))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 
@@ -200,7 +220,15 @@ def measure_fanout(subscribers: int, sizes: list[int], hosts: int = 1) -> list[d
             return bridge.ip(h) if bridge is not None else "127.0.0.1"
 
         shm = "shm" in transports.names()
-        job = {"host": host_ip(0), "subscribers": subscribers, "sizes": sizes, "shm": shm}
+        sub_hosts = list(range(1, hosts)) if hosts > 1 else [0]
+        relays = len(sub_hosts) if hosts > 1 else 0  # one per host of subscribers
+        job = {
+            "host": host_ip(0),
+            "subscribers": subscribers,
+            "sizes": sizes,
+            "shm": shm,
+            "relays": relays,
+        }
         pub = _spawn(["--publisher"], job, where(0))
         procs.append(pub)
         assert pub.stdout is not None
@@ -208,7 +236,6 @@ def measure_fanout(subscribers: int, sizes: list[int], hosts: int = 1) -> list[d
         if not line:
             raise RuntimeError(f"the publisher did not start: {_last_words(pub)}")
         controller = json.loads(line)["controller"]
-        sub_hosts = list(range(1, hosts)) if hosts > 1 else [0]
         names = [f"actor-{i}" for i in range(subscribers)]
         by_host = {h: names[k :: len(sub_hosts)] for k, h in enumerate(sub_hosts)}
         for h, mine in by_host.items():
@@ -217,13 +244,16 @@ def measure_fanout(subscribers: int, sizes: list[int], hosts: int = 1) -> list[d
                 part = mine[p::n]
                 if part:
                     sub = {"host": host_ip(h), "controller": controller, "names": part, "shm": shm}
+                    if relays and p == 0:
+                        sub["relay"] = f"relay-{h}"
                     procs.append(_spawn(["--subscribers"], sub, where(h)))
-        out, _ = pub.communicate(timeout=READY_TIMEOUT * 2 + 600)
+        out, err = pub.communicate(timeout=READY_TIMEOUT * 2 + 600)
         if pub.returncode != 0:
-            raise RuntimeError(f"the publisher failed: {_last_words(pub)}")
+            last = " | ".join(err.strip().splitlines()[-5:]) or f"exit {pub.returncode}"
+            raise RuntimeError(f"the publisher failed: {last}")
         result = json.loads(out.strip().splitlines()[-1])
         return [
-            {"part": "fanout", "subscribers": subscribers, "hosts": hosts, **row}
+            {"part": "fanout", "subscribers": subscribers, "hosts": hosts, "relays": relays, **row}
             for row in result["rows"]
         ]
     finally:

@@ -37,7 +37,12 @@ def add_deploy_parsers(sub: Any) -> None:
     p.set_defaults(func=_cmd_controller)
 
     p = sub.add_parser("serve", help="run one service of a run deployed by hand")
-    p.add_argument("role", help="actor, buffer, learner, params or inference")
+    p.add_argument(
+        "role",
+        help="actor, buffer, learner, params or inference; or relay (optional, one per host "
+        "of actors: the params service sends each version once to the host's relay, which "
+        "hands it to the host's actors through shared memory)",
+    )
     add_run_options(p, run=False)
     p.add_argument("--controller", required=True, help="the controller's tcp://HOST:PORT")
     p.add_argument("--index", type=int, default=0, help="which one of the role (default 0)")

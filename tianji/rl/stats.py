@@ -55,6 +55,9 @@ class ActorStat:
     ENV_STEPS: Final = "env_steps"
     SAMPLES_PRODUCED: Final = "samples_produced"
     FRAGMENTS_SENT: Final = "fragments_sent"
+    PARAMS_TORN: Final = "params_torn"
+    """Weights loaded from the params board while the board overwrote them (newer ones were
+    published meanwhile): not used; the actor waits for the newer version."""
     EPISODES: Final = "episodes"
     PAUSES: Final = "pauses"
     # gauges
@@ -119,6 +122,8 @@ class InferenceStat:
     """Observations answered (the rows of all requests)."""
     REQUESTS_MALFORMED: Final = "requests_malformed"
     """Requests refused (wrong observation shape or dtype, mismatched env ids)."""
+    PARAMS_TORN: Final = "params_torn"
+    """Weights overwritten on the params board while they were loaded: not used."""
     ANSWERS_LATE: Final = "answers_late"
     """Answers held until the asking actor's subscription link came up (at start-up or after
     a reconnect), then delivered."""

@@ -39,9 +39,10 @@ from typing import Any, TextIO
 from tianji import transports
 from tianji.dashboard import launch_plan
 from tianji.launch.hosts import HostLauncher
-from tianji.launch.spec import build_service
+from tianji.launch.spec import ServiceSpec, build_service
 from tianji.rl.config import RunConfig, to_dict
 from tianji.run.plan import RunPlan
+from tianji.runtime.controller import RELAY_ROLE
 from tianji.runtime.errors import ConfigError, ServiceFailed
 from tianji.runtime.loop import run
 from tianji.runtime.service import Service
@@ -255,9 +256,17 @@ def serve_spec(
         ConfigError: naming the role or index when the config has no such service.
     """
     specs = RunPlan.build(config).specs
+    if role == RELAY_ROLE:  # optional, one per host of actors: not one of the run's services
+        relay = ServiceSpec(
+            name=f"{RELAY_ROLE}-{index}",
+            role=RELAY_ROLE,
+            factory="tianji.services.params:ParamsRelay",
+            bind=bind,
+        )
+        specs = [*specs, relay]
     roles = sorted({s.role for s in specs})
     if role not in roles:
-        raise ConfigError("ROLE", role, f"one of the run's roles {roles}")
+        raise ConfigError("ROLE", role, f"one of the run's roles {roles} or {RELAY_ROLE!r}")
     same = [s for s in specs if s.role == role]
     name = f"{role}-{index}"
     found = [s for s in same if s.name == name]

@@ -46,7 +46,7 @@ from tianji.runtime.events import (
 )
 from tianji.runtime.service import CONTROL, Service
 
-__all__ = ["Controller", "ControllerPlugin", "Send", "ServiceRecord"]
+__all__ = ["RELAY_ROLE", "Controller", "ControllerPlugin", "Send", "ServiceRecord"]
 
 log = logging.getLogger("tianji.controller")
 
@@ -61,6 +61,10 @@ UPDATE_S_PER_SERVICE)`` seconds apart (heartbeats in between are decided togethe
 decision reads every service, so deciding on every heartbeat costs O(services^2) per
 second; spaced so, it costs O(services) per interval and at most a bounded share of a core
 (0.2 ms apart with 10 services: no delay; 20 ms with 1,000; 50 ms from 2,500 on)."""
+
+RELAY_ROLE = "relay"
+"""Services of this role republish a topic for the subscribers of their locality (a
+per-host params relay): those subscribers are told the relay only, the relay the origin."""
 
 Send = Callable[[str, Event], Awaitable[bool]]
 """``await send(service_name, event) -> delivered``: how a plug-in sends a command."""
@@ -158,17 +162,28 @@ class Controller(Service):
                 return plugin
         return None
 
-    def publishers(self, topic_name: str, locality: str = "") -> tuple[str, ...]:
+    def publishers(
+        self, topic_name: str, locality: str = "", relay: bool = False
+    ) -> tuple[str, ...]:
         """Addresses of the services that publish ``topic_name``, sorted: for a subscriber
         of the given ``locality`` a publisher's local address (shared memory) where it has
-        one and shares that locality, else its main address (TCP)."""
+        one and shares that locality, else its main address (TCP).
+
+        Where a relay (role :data:`RELAY_ROLE`) of the subscriber's locality republishes
+        the topic, only the relay; a relay (``relay``) and the subscribers of a locality
+        without one are told the topic's other publishers.
+        """
+        records = [r for r in self.registry.values() if topic_name in r.publishes]
+        relays = [r for r in records if r.role == RELAY_ROLE]
+        if relays:
+            here = [r for r in relays if locality and r.locality == locality]
+            records = here if here and not relay else [r for r in records if r not in relays]
         return tuple(
             sorted(
                 r.local_address
                 if locality and r.local_address and r.locality == locality
                 else r.address
-                for r in self.registry.values()
-                if topic_name in r.publishes
+                for r in records
             )
         )
 
@@ -199,9 +214,12 @@ class Controller(Service):
             return record
         return next((r for r in self.registry.values() if r.conn is conn), None)
 
-    def _locality_of(self, conn: Connection) -> str:
+    def _locality_of(self, conn: Connection) -> tuple[str, bool]:
+        """The locality of the service on ``conn`` and whether it is a relay."""
         record = self._record_of(conn)
-        return record.locality if record is not None else ""
+        if record is None:
+            return "", False
+        return record.locality, record.role == RELAY_ROLE
 
     async def wait_until(
         self, predicate: Callable[[Controller], bool], timeout: float | None = None
@@ -268,7 +286,7 @@ class Controller(Service):
             for name in ev.topics:
                 self._watchers.setdefault(name, set()).add(conn)
                 await self._tell(
-                    conn, PublishersChanged(topic=name, addresses=self.publishers(name, where))
+                    conn, PublishersChanged(topic=name, addresses=self.publishers(name, *where))
                 )
         elif isinstance(ev, Heartbeat):
             record = self.registry.get(ev.name)
@@ -361,11 +379,11 @@ class Controller(Service):
 
     async def _announce(self, topics: set[str]) -> None:
         for name in sorted(topics):
-            lists: dict[str, tuple[str, ...]] = {}  # by the watcher's locality
+            lists: dict[tuple[str, bool], tuple[str, ...]] = {}  # by locality, relay or not
             for watcher in list(self._watchers.get(name, ())):
                 where = self._locality_of(watcher)
                 if where not in lists:
-                    lists[where] = self.publishers(name, where)
+                    lists[where] = self.publishers(name, *where)
                 await self._tell(watcher, PublishersChanged(topic=name, addresses=lists[where]))
 
     def retire(self, name: str) -> None:

@@ -28,6 +28,7 @@ __all__ = [
     "Event",
     "EventInfo",
     "Heartbeat",
+    "BoardPosted",
     "PublishersChanged",
     "RegisterService",
     "ServiceRegistered",
@@ -149,6 +150,19 @@ class Subscribe(Event):
     """Command a publisher to send events on ``topics`` over this connection."""
 
     topics: tuple[str, ...]
+
+
+@event
+class BoardPosted(Event):
+    """Fact: an event of ``topic`` was posted on the publisher's shared-memory board for
+    the subscribers on its host (:mod:`tianji.runtime.board`): its frames (of ``lengths``
+    bytes) in ``slot`` of board file ``board``, written as number ``seq``."""
+
+    topic: str
+    board: str
+    slot: int
+    seq: int
+    lengths: tuple[int, ...]
 
 
 @event

@@ -49,7 +49,15 @@ class ServiceStat:
     """Events sent to subscribers."""
     PUBLISHED_BYTES: Final = "published_bytes"
     """Bytes of the events published, once per subscriber they went to (what the service
-    put on its links)."""
+    put on its links), an event shared on the board once (:mod:`tianji.runtime.sharing`)."""
+    BOARD_WRITES: Final = "board_writes"
+    """Events written on this service's shared-memory board (one per event, for all the
+    subscribers on its host)."""
+    BOARD_READS: Final = "board_reads"
+    """Events received through a publisher's board."""
+    BOARD_SUPERSEDED: Final = "board_superseded"
+    """Board references whose slot held a newer event when they arrived (skipped: the newer
+    one follows)."""
     RSS_MB: Final = "rss_mb"
     MAX_RSS_MB: Final = "max_rss_mb"
 

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from tianji.runtime import plugins
 from tianji.runtime.core import Connection
 from tianji.runtime.errors import BadFrame, TianjiError
-from tianji.runtime.events import Event, Subscribe
+from tianji.runtime.events import BoardPosted, Event, Subscribe
 from tianji.runtime.heartbeats import CONTROL, ServiceStat
 
 __all__ = ["CONTROL", "Link", "Subscriptions"]
@@ -64,6 +64,7 @@ class _Linked(Protocol):
     options: Any
     counters: collections.Counter[str]
     _links: dict[str, Link]
+    _latest_only: set[str]
     _handlers: dict[str, list[Any]]
     _stopping: asyncio.Event
 
@@ -72,6 +73,8 @@ class _Linked(Protocol):
     def _frames(self, ev: Event, topic_name: str) -> list[bytes | bytearray | memoryview]: ...
 
     def _decode(self, frames: list[memoryview], peer: str) -> tuple[str, Event]: ...
+
+    def _from_board(self, ev: BoardPosted, peer: str) -> tuple[str, Event] | None: ...
 
     async def _send_quietly(self, conn: Connection | None, ev: Event) -> None: ...
 
@@ -119,6 +122,10 @@ class Subscriptions:
                 if not link.topics:
                     link.retired = True  # read what is still in flight, then end
                     del self._links[address]
+                    if name in self._latest_only and link.conn is not None:
+                        # nothing to drain: the newer events come from the new publisher
+                        self._spawn(_leave(link.conn))
+                        self.counters["links_left"] += 1
 
     async def _link_loop(self: _Linked, link: Link) -> None:
         delay = self.options.reconnect_min
@@ -145,6 +152,11 @@ class Subscriptions:
                 while True:
                     frames = await conn.recv()
                     name, ev = self._decode(frames, conn.peer)
+                    if isinstance(ev, BoardPosted):  # a large event on the publisher's board
+                        got = self._from_board(ev, conn.peer)
+                        if got is None:
+                            continue
+                        name, ev = got
                     self.counters[ServiceStat.RECEIVED] += 1
                     for handler in self._handlers.get(name, ()):
                         await handler(ev)
@@ -160,3 +172,11 @@ class Subscriptions:
                 self.counters["link_reconnects"] += 1
                 await asyncio.sleep(delay)
         link.task = None
+
+
+async def _leave(conn: Connection) -> None:
+    """Close a subscription link politely (the publisher counts it as left, not lost)."""
+    try:
+        await asyncio.wait_for(conn.aclose(), 2.0)
+    except (TianjiError, TimeoutError):
+        conn.abort()

@@ -61,6 +61,7 @@ from tianji.runtime.events import (
 )
 from tianji.runtime.heartbeats import ControllerLink, ServiceStat, memory_gauges
 from tianji.runtime.links import CONTROL, Link, Subscriptions
+from tianji.runtime.sharing import BoardSharing, FrameList
 
 __all__ = ["CONTROL", "Handler", "Service", "ServiceOptions", "ServiceStat"]
 
@@ -100,7 +101,7 @@ def _topic_name(t: str | type[Event]) -> str:
     return t if isinstance(t, str) else topic(t)
 
 
-class Service(ControllerLink, Subscriptions):
+class Service(ControllerLink, Subscriptions, BoardSharing):
     """Base class of every tianji service; see the module docstring for usage.
 
     Args:
@@ -157,6 +158,7 @@ class Service(ControllerLink, Subscriptions):
         self._publishes: set[str] = {_topic_name(t) for t in publishes}
         self._subscribers: dict[str, set[Connection]] = {}
         self._links: dict[str, Link] = {}
+        self._latest_only: set[str] = set()  # topics subscribed with latest_only
         self._peers: set[Connection] = set()
         self._listener: Listener | None = None
         self._local_listener: Listener | None = None
@@ -171,19 +173,27 @@ class Service(ControllerLink, Subscriptions):
         self._changed = asyncio.Event()
         self._failure: str | None = None
         self._unyielded = 0
+        self._init_sharing()
 
     # ------------------------------------------------------------------ public API
     @property
     def state(self) -> ServiceState:
         return self._state
 
-    def subscribe(self, topic_or_type: str | type[E], handler: Handler[E]) -> None:
+    def subscribe(
+        self, topic_or_type: str | type[E], handler: Handler[E], *, latest_only: bool = False
+    ) -> None:
         """Call ``handler(event)`` for every event published on the topic.
 
         Handlers run one at a time per publisher link, in publication order; a slow
-        handler applies backpressure to that publisher.
+        handler applies backpressure to that publisher. ``latest_only``: only the newest
+        event matters (weights), so a publisher the controller no longer lists for the
+        topic (e.g. replaced by this host's relay) is left at once instead of read to the
+        end of what it sends.
         """
         name = _topic_name(topic_or_type)
+        if latest_only:
+            self._latest_only.add(name)
         first = name not in self._handlers
         self._handlers.setdefault(name, []).append(handler)
         if first and self._controller_conn is not None and self._registered.is_set():
@@ -203,11 +213,13 @@ class Service(ControllerLink, Subscriptions):
         Returns:
             How many subscribers it was delivered to (0 is counted as unsubscribed).
         """
-        frames, conns = self._prepare_publish(ev, topic_name)
+        frames, conns, shared = self._prepare_publish(ev, topic_name)
         delivered = 0
         for conn in conns:
             try:
-                await conn.send(frames)
+                await conn.send(
+                    shared if shared is not None and conn in self._local_peers else frames
+                )
                 delivered += 1
             except TianjiError as exc:
                 self._drop_subscriber(conn, exc)
@@ -222,9 +234,9 @@ class Service(ControllerLink, Subscriptions):
     def publish_nowait(self, ev: Event, topic_name: str | None = None) -> int:
         """Like :meth:`publish` but raises :class:`~tianji.runtime.errors.WouldBlock` if any
         subscriber is full; subscribers before it in the list may already have it."""
-        frames, conns = self._prepare_publish(ev, topic_name)
+        frames, conns, shared = self._prepare_publish(ev, topic_name)
         for conn in conns:
-            conn.send_nowait(frames)
+            conn.send_nowait(shared if shared is not None and conn in self._local_peers else frames)
         return len(conns)
 
     def subscriber_count(self, topic_or_type: str | type[Event]) -> int:
@@ -285,7 +297,10 @@ class Service(ControllerLink, Subscriptions):
 
     async def send_to_subscriber(self, conn: Connection, ev: Event, topic_name: str) -> None:
         """Send one event to one subscriber connection (see :meth:`on_subscribed`)."""
-        await conn.send(self._frames(ev, topic_name))
+        frames = self._frames(ev, topic_name)
+        shared, sent = self._split_for_board(topic_name, frames, [conn])
+        self.counters[ServiceStat.PUBLISHED_BYTES] += sent
+        await conn.send(frames if shared is None else shared)
 
     async def on_control(self, ev: Event) -> None:
         """Handle a command from the controller other than the runtime's own."""
@@ -352,7 +367,7 @@ class Service(ControllerLink, Subscriptions):
     async def _run_phases(self) -> None:
         self._spawn(self._accept_loop(self._listener))
         if self._local_listener is not None:
-            self._spawn(self._accept_loop(self._local_listener))
+            self._spawn(self._accept_loop(self._local_listener, local=True))
         if self.controller_address is not None:
             self._spawn(self._controller_loop())
             self._spawn(self._heartbeat_loop())
@@ -425,6 +440,7 @@ class Service(ControllerLink, Subscriptions):
         for link in self._links.values():
             if link.conn is not None:
                 link.conn.abort()
+        self._close_sharing()
         self._set_state(ServiceState.STOPPED)
         log.info("%s stopped: %s", self.name, self.stop_reason or "cancelled")
 
@@ -475,7 +491,9 @@ class Service(ControllerLink, Subscriptions):
 
     def _prepare_publish(
         self, ev: Event, topic_name: str | None
-    ) -> tuple[list[bytes | bytearray | memoryview], list[Connection]]:
+    ) -> tuple[FrameList, list[Connection], FrameList | None]:
+        """The event's frames, its subscribers now and (for a topic shared on the board,
+        :meth:`share_on_board`) the reference frames for the local ones."""
         name = topic_name or topic(type(ev))
         if event_type_of_topic(name) != ev.TYPE:
             raise ValueError(f"topic {name!r} does not carry {ev.TYPE} events")
@@ -485,10 +503,10 @@ class Service(ControllerLink, Subscriptions):
         frames = self._frames(ev, name)
         if not conns:
             self.counters["published_unsubscribed"] += 1
-        else:
-            size = sum(memoryview(f).nbytes for f in frames)
-            self.counters[ServiceStat.PUBLISHED_BYTES] += size * len(conns)
-        return frames, conns
+            return frames, conns, None
+        shared, sent = self._split_for_board(name, frames, conns)
+        self.counters[ServiceStat.PUBLISHED_BYTES] += sent
+        return frames, conns, shared
 
     def _declare(self, name: str) -> None:
         """Add ``name`` to the published topics, telling the controller if connected."""
@@ -527,13 +545,17 @@ class Service(ControllerLink, Subscriptions):
         await conn.send(self._frames(ev, CONTROL))
 
     # ------------------------------------------------------------------ serving
-    async def _accept_loop(self, listener: Listener | None) -> None:
+    async def _accept_loop(self, listener: Listener | None, local: bool = False) -> None:
+        """Serve every peer that connects; ``local``: the listener for this host's peers
+        (they may read large events from this service's board)."""
         assert listener is not None
         while True:
             try:
                 conn = await listener.accept()
             except TianjiError:
                 return
+            if local:
+                self._local_peers.add(conn)
             self._spawn(self._serve_peer(conn))
 
     async def _serve_peer(self, conn: Connection) -> None:
@@ -557,6 +579,7 @@ class Service(ControllerLink, Subscriptions):
             log.debug("%s: peer %s gone: %s", self.name, conn.peer, str(exc))
         finally:
             self._peers.discard(conn)
+            self._local_peers.discard(conn)
             for conns in self._subscribers.values():
                 conns.discard(conn)
             self._notify()

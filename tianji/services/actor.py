@@ -29,6 +29,7 @@ from tianji.rl.topics import (
     observations_topic,
     trajectories_topic,
 )
+from tianji.runtime.board import Lease
 from tianji.runtime.events import Event
 from tianji.runtime.service import Service
 from tianji.services.collector import FragmentCollector
@@ -92,14 +93,17 @@ class ActorService(Service):
             self.fill_fragments = max(1, -(-total // per_round))
         self.paused_by: str | None = None  # the controller's reason while paused
         self._pending: ParamsPublished | None = None
+        self._pending_lease: Lease | None = None
+        self._torn = False  # the last weights loaded were overwritten on the board meanwhile
         self._have_params = asyncio.Event()
         self._wake = asyncio.Event()  # new params or a resume: re-check _pace
         self.gauges[ActorStat.PAUSED_S] = 0.0
-        self.subscribe(LATEST_PARAMS, self.on_params)
+        self.subscribe(LATEST_PARAMS, self.on_params, latest_only=True)
 
     async def on_params(self, ev: ParamsPublished) -> None:
         if ev.policy_version > max(self.policy_version, self._pending_version()):
             self._pending = ev
+            self._pending_lease = self.lease_of(ev)  # weights viewed on the params board
             self._have_params.set()
             self._wake.set()
         else:
@@ -159,6 +163,15 @@ class ActorService(Service):
         if self._pending is not None:
             if not self.remote:  # with an inference service the weights live there
                 self.algo.set_weights(self._pending.weights, self._pending.policy_version)
+                if self._pending_lease is not None and not self._pending_lease.valid():
+                    # overwritten while we copied (newer ones were published): what we
+                    # loaded may be torn; wait for the newer version, which is coming
+                    self.counters[ActorStat.PARAMS_TORN] += 1
+                    self._torn = True
+                    self._pending = None
+                    self._have_params.clear()
+                    return
+                self._torn = False
             self.policy_version = self._pending.policy_version
             self.gauges[ActorStat.POLICY_VERSION] = self.policy_version
             self.sent_at_version = 0
@@ -176,7 +189,7 @@ class ActorService(Service):
         updated: until then the replay buffer must fill (in ``sync`` mode each actor sends
         its share of ``learning_starts``, ``fill_fragments``, and no more).
         """
-        if self.paused_by is not None:
+        if self.paused_by is not None or self._torn:
             return True
         if self.granted and (
             self.counters[ActorStat.FRAGMENTS_SENT] >= self.grant.limit

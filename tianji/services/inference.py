@@ -37,6 +37,7 @@ from tianji.rl.events import ActionsComputed, ComputeActions, ParamsPublished
 from tianji.rl.slots import StateSlots
 from tianji.rl.stats import InferenceStat
 from tianji.rl.topics import LATEST_PARAMS, actions_topic, observations_topic
+from tianji.runtime.board import Lease
 from tianji.runtime.service import Service
 from tianji.services.common import make_algorithm, parse_run_config
 
@@ -86,6 +87,7 @@ class InferenceService(Service):
         self._held: ComputeActions | None = None  # did not fit the last batch
         self._arrived = asyncio.Event()  # a request was queued
         self._pending: ParamsPublished | None = None
+        self._pending_lease: Lease | None = None
         self._have_params = asyncio.Event()
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=name)
         self.offload_above = inference.offload_above_ms / 1000.0
@@ -93,7 +95,7 @@ class InferenceService(Service):
         self._inline = False  # the first passes run in the thread until measured
         self.gauges[InferenceStat.FORWARD_S] = 0.0
         self.subscribe(observations_topic(index, inference.count), self.on_observations)
-        self.subscribe(LATEST_PARAMS, self.on_params)
+        self.subscribe(LATEST_PARAMS, self.on_params, latest_only=True)
 
     async def on_observations(self, ev: ComputeActions) -> None:
         problem = self._malformed(ev)
@@ -120,6 +122,7 @@ class InferenceService(Service):
     async def on_params(self, ev: ParamsPublished) -> None:
         if ev.policy_version > self.policy_version:
             self._pending = ev
+            self._pending_lease = self.lease_of(ev)
             self._have_params.set()
 
     async def main(self) -> None:
@@ -131,7 +134,9 @@ class InferenceService(Service):
         try:
             while True:
                 batch = await self._next_batch()
-                self._apply_params()  # between forward passes: never while one runs
+                while not self._apply_params():  # between passes: never while one runs
+                    self._have_params.clear()  # torn: the newer version is on its way
+                    await self._have_params.wait()
                 started = time.perf_counter()
                 if self._inline:
                     out = self._forward(batch)
@@ -183,11 +188,19 @@ class InferenceService(Service):
         self._inline = self._per_obs * 8 < self.offload_above
         self.gauges[InferenceStat.INLINE] = float(self._inline)
 
-    def _apply_params(self) -> None:
-        if self._pending is not None:
-            self.algo.set_weights(self._pending.weights, self._pending.policy_version)
-            self.policy_version = self._pending.policy_version
-            self._pending = None
+    def _apply_params(self) -> bool:
+        """Load the newest weights received, if any; False if they were overwritten on the
+        params board while they were copied (torn: counted, wait for the next ones)."""
+        if self._pending is None:
+            return True
+        pending, lease = self._pending, self._pending_lease
+        self._pending = None
+        self.algo.set_weights(pending.weights, pending.policy_version)
+        if lease is not None and not lease.valid():
+            self.counters[InferenceStat.PARAMS_TORN] += 1
+            return False
+        self.policy_version = pending.policy_version
+        return True
 
     def _forward(self, batch: list[ComputeActions]) -> dict[str, np.ndarray]:
         """One forward pass for the whole batch (runs in the worker thread)."""
