@@ -9,7 +9,9 @@ the actor-critic network, then the :class:`PPO` object the actor and learner ser
 * The learner calls ``update`` on ``[T, N*K]`` batches of K fragments. Values for GAE are
   recomputed with the current critic (``V(obs)`` and ``V(next_obs)``), so GAE bootstraps
   from the true next observation at truncations and fragment ends, and not at
-  terminations.
+  terminations. With ``vtrace = true`` (APPO) the targets and advantages come from V-trace
+  instead, with the importance ratios of the learner's policy to the ``logp`` the actor
+  stored.
 
 One file per algorithm is the project's rule (``docs/writing-an-algorithm.md``), so
 PPO's config, networks, GAE and update live here together (over 500 lines).
@@ -40,6 +42,7 @@ from tianji.algorithms._nets import (
     seeded_init,
     sync_gradients,
 )
+from tianji.algorithms._vtrace import vtrace
 from torch import nn
 
 from tianji.rl.algorithm import BufferSpec, GradientSync, UpdateResult
@@ -113,6 +116,15 @@ class PPOConfig:
     (the CNN for images, else the MLP)."""
     init_log_std: float = 0.0
     """Initial log standard deviation of the Gaussian policy (Box actions)."""
+    vtrace: bool = False
+    """APPO: value targets and advantages by V-trace (``algorithms/_vtrace.py``) instead of
+    GAE, correcting for the lag between the policy that acted (its ``logp`` in the
+    fragment) and the learner's; the trace decay is ``gae_lambda``. Use it when the
+    controller lets the lag grow (``[controller] lag_target`` above 1)."""
+    vtrace_rho_bar: float = 1.0
+    """V-trace's truncation of the importance weights in the targets and the advantages."""
+    vtrace_c_bar: float = 1.0
+    """V-trace's truncation of the traces (how far a correction reaches back)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "hidden", as_hidden("algorithm.hidden", self.hidden))
@@ -126,6 +138,9 @@ class PPOConfig:
         for key in ("gamma", "gae_lambda", "lr_floor"):
             if not 0.0 <= getattr(self, key) <= 1.0:
                 raise ConfigError(f"algorithm.{key}", getattr(self, key), "a number in [0, 1]")
+        for key in ("vtrace_rho_bar", "vtrace_c_bar"):
+            if not getattr(self, key) > 0:
+                raise ConfigError(f"algorithm.{key}", getattr(self, key), "a number > 0")
 
 
 # --------------------------------------------------------------------------- pure math
@@ -483,21 +498,29 @@ class PPO:
         with torch.no_grad():
             value = self._values(obs)
             next_value = self._next_values(batch, value)
-        adv, ret = gae(
-            reward,
-            value.cpu().numpy().astype(np.float64).reshape(reward.shape),
-            next_value.cpu().numpy().astype(np.float64).reshape(reward.shape),
-            batch["terminated"],
-            batch["truncated"],
-            c.gamma,
-            c.gae_lambda,
-        )
         if self.continuous:
             raw = _flat(batch["raw_action"]).reshape(len(obs), -1)
             action = torch.as_tensor(raw, dtype=torch.float32, device=dev)
         else:
             index = _flat(batch["action"]).astype(np.int64) - self.action_start
             action = torch.as_tensor(index, device=dev)
+        ends = (
+            reward,
+            value.cpu().numpy().astype(np.float64).reshape(reward.shape),
+            next_value.cpu().numpy().astype(np.float64).reshape(reward.shape),
+            batch["terminated"],
+            batch["truncated"],
+        )
+        if c.vtrace:
+            with torch.no_grad():
+                logp = self._log_probs(obs, action).cpu().numpy().reshape(reward.shape)
+            log_rho = logp - np.asarray(batch["logp"], np.float64)
+            ret, adv = vtrace(
+                *ends, log_rho, gamma=c.gamma, lam=c.gae_lambda,
+                rho_bar=c.vtrace_rho_bar, c_bar=c.vtrace_c_bar,
+            )  # fmt: skip
+        else:
+            adv, ret = gae(*ends, c.gamma, c.gae_lambda)
 
         def tensor(x: np.ndarray) -> torch.Tensor:
             return torch.as_tensor(_flat(x), dtype=torch.float32, device=dev)
@@ -563,6 +586,16 @@ class PPO:
             "approx_kl": float(approx_kl.item()),
             "clip_frac": float(clip_frac.item()),
         }
+
+    def _log_probs(
+        self, obs: torch.Tensor, action: torch.Tensor, chunk: int = 2048
+    ) -> torch.Tensor:
+        """``log pi(action | obs)`` under the current network, in chunks (V-trace's ratios)."""
+        parts = [
+            self._evaluate(obs[i : i + chunk], action[i : i + chunk])[0]
+            for i in range(0, len(obs), chunk)
+        ]
+        return torch.cat(parts).double()
 
     def _evaluate(
         self, obs: torch.Tensor, action: torch.Tensor

@@ -23,6 +23,7 @@ ALGORITHMS = Registry(
     "tianji.algorithms",
     {
         "dqn": "tianji.algorithms.dqn:DQN",
+        "impala": "tianji.algorithms.impala:IMPALA",
         "mappo": "tianji.algorithms.mappo:MAPPO",
         "ppo": "tianji.algorithms.ppo:PPO",
         "qmix": "tianji.algorithms.qmix:QMIX",

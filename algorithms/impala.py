@@ -1,0 +1,96 @@
+"""IMPALA: a V-trace actor-critic (Espeholt et al. 2018) on PPO's networks and plumbing.
+
+What differs from PPO (``algorithms/ppo.py``, whose config, networks, acting and batch
+preparation it reuses): the value targets and advantages always come from V-trace
+(``algorithms/_vtrace.py``), computed with the importance ratios of the learner's policy
+to the behaviour policy whose ``logp`` the actor stored, so fragments collected several
+versions ago still give unbiased-enough updates; and each batch gets plain actor-critic
+steps, with no ratio clipping and no value clipping:
+
+``loss = -mean(A_vtrace * log pi(a|x)) + vf_coef * 0.5 * mean((v_s - V(x))^2)
+- ent_coef * mean(entropy)``.
+
+By default one pass over the batch in 2 minibatches (``update_epochs = 1``), advantages not
+normalized, as in the paper; everything else is configured as for PPO (``[algo]``).
+Use it with the controller's lag raised (``[controller] lag_target`` 2 to 8): V-trace is
+what keeps that lag from biasing the updates (``examples/cartpole_impala.toml``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+import torch
+from tianji.algorithms._nets import sync_gradients
+from tianji.algorithms.ppo import PPO, PPOConfig
+from torch import nn
+
+from tianji.rl.errors import ConfigError
+
+__all__ = ["IMPALA", "IMPALAConfig", "impala_loss"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class IMPALAConfig(PPOConfig):
+    """:class:`~tianji.algorithms.ppo.PPOConfig` with IMPALA's defaults (V-trace always on)."""
+
+    vtrace: bool = True
+    update_epochs: int = 1
+    num_minibatches: int = 2
+    norm_adv: bool = False
+    lr: float = 5e-4
+
+    def __post_init__(self) -> None:
+        PPOConfig.__post_init__(self)
+        if not self.vtrace:
+            raise ConfigError("algorithm.vtrace", self.vtrace, "true (IMPALA is V-trace)")
+
+
+def impala_loss(
+    logp: torch.Tensor,
+    entropy: torch.Tensor,
+    value: torch.Tensor,
+    advantage: torch.Tensor,
+    target: torch.Tensor,
+    vf_coef: float,
+    ent_coef: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(loss, policy loss, value loss, entropy)`` of one minibatch (module docstring)."""
+    pg_loss = -(advantage.detach() * logp).mean()
+    v_loss = 0.5 * ((target.detach() - value) ** 2).mean()
+    ent = entropy.mean()
+    return pg_loss + vf_coef * v_loss - ent_coef * ent, pg_loss, v_loss, ent
+
+
+class IMPALA(PPO):
+    """The V-trace actor-critic (see the module docstring)."""
+
+    name = "impala"
+    Config = IMPALAConfig
+
+    def _minibatch_step(self, mb: Mapping[str, torch.Tensor]) -> dict[str, float]:
+        c = self.config
+        logp, entropy, value = self._evaluate(mb["obs"], mb["action"])
+        adv = mb["adv"]
+        if c.norm_adv and len(adv) > 1:
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        loss, pg_loss, v_loss, ent = impala_loss(
+            logp, entropy, value, adv, mb["ret"], c.vf_coef, c.ent_coef
+        )
+        self.optimizer.zero_grad(set_to_none=True)
+        torch.autograd.backward(loss)
+        if self.gradient_sync is not None:  # data-parallel learners: average, then clip
+            sync_gradients(list(self.net.parameters()), self.gradient_sync)
+        nn.utils.clip_grad_norm_(self.net.parameters(), c.max_grad_norm)
+        self.optimizer.step()
+        with torch.no_grad():
+            log_ratio = logp - mb["old_logp"]
+            approx_kl = ((log_ratio.exp() - 1) - log_ratio).mean()
+        return {
+            "loss": float(loss.item()),
+            "policy_loss": float(pg_loss.item()),
+            "value_loss": float(v_loss.item()),
+            "entropy": float(ent.item()),
+            "approx_kl": float(approx_kl.item()),
+        }
