@@ -94,6 +94,15 @@ def test_ppo_reaches_475_on_cartpole_with_two_actor_processes(tmp_path: Path) ->
 
 
 @pytest.mark.slow
+def test_impala_reaches_475_on_cartpole_with_the_lag_allowed_to_grow(tmp_path: Path) -> None:
+    s = _summary(tmp_path, str(EXAMPLES / "cartpole_impala.toml"), "--target-return", "475")
+    assert s["algorithm"] == "impala" and s["stop_reason"] == "target_return reached", s
+    lag = s["policy_lag"]
+    assert isinstance(lag, dict) and lag["mean"] > 1 and lag["max"] <= 8, lag  # V-trace at work
+    assert s["accounting"]["balanced"], s["accounting"]  # type: ignore[index]
+
+
+@pytest.mark.slow
 def test_dqn_reaches_200_on_cartpole_with_two_actor_processes(tmp_path: Path) -> None:
     # 300 (the example's target) is reached on three hosts in tests/test_deploy_hosts.py
     s = _summary(tmp_path, str(EXAMPLES / "cartpole_dqn.toml"), "--target-return", "200")

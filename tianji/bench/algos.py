@@ -1,4 +1,4 @@
-"""Algorithms for benchmarks: PPO and DQN whose every update takes a set amount of
+"""Algorithms for benchmarks: PPO, DQN and IMPALA whose every update takes a set amount of
 wall-clock time more.
 
 On a small CPU-only machine a learner update costs a few milliseconds of this machine's
@@ -27,11 +27,12 @@ from typing import Any
 import numpy as np
 
 from tianji.algorithms.dqn import DQN, DQNConfig
+from tianji.algorithms.impala import IMPALA, IMPALAConfig
 from tianji.algorithms.ppo import PPO, PPOConfig
 from tianji.rl.algorithm import UpdateResult
 from tianji.rl.errors import ConfigError
 
-__all__ = ["DELAYED", "DelayedDQN", "DelayedPPO", "DelayedUpdate", "SamplingPPO"]
+__all__ = ["DELAYED", "DelayedDQN", "DelayedIMPALA", "DelayedPPO", "DelayedUpdate", "SamplingPPO"]
 
 
 def _check(update_ms: float) -> float:
@@ -79,6 +80,19 @@ class DelayedDQN(DelayedUpdate, DQN):
     Config = DelayedDQNConfig
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DelayedIMPALAConfig(IMPALAConfig):
+    """IMPALA's settings and ``update_ms``: milliseconds every update waits more."""
+
+    update_ms: float = 0.0
+
+
+class DelayedIMPALA(DelayedUpdate, IMPALA):
+    """IMPALA whose every update waits ``config.update_ms`` ms more."""
+
+    Config = DelayedIMPALAConfig
+
+
 class SamplingPPO(PPO):
     """PPO whose update only counts: the batch is consumed, the version advances, the
     weights stay (see the module docstring). Acting is PPO's, the same network's."""
@@ -88,5 +102,9 @@ class SamplingPPO(PPO):
         return UpdateResult(metrics={"transitions": float(np.asarray(batch["reward"]).size)})
 
 
-DELAYED = {"ppo": "tianji.bench.algos:DelayedPPO", "dqn": "tianji.bench.algos:DelayedDQN"}
+DELAYED = {
+    "ppo": "tianji.bench.algos:DelayedPPO",
+    "dqn": "tianji.bench.algos:DelayedDQN",
+    "impala": "tianji.bench.algos:DelayedIMPALA",
+}
 """The delayed variant of each benchmarked algorithm, as ``module:Class``."""

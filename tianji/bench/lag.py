@@ -1,0 +1,227 @@
+"""``tianji bench lag``: how much policy lag an algorithm tolerates, on CartPole-v1.
+
+Each run is the PPO benchmark run of ``tianji bench train`` (``examples/cartpole_ppo.toml``:
+2 actor processes, relaxed mode) with the controller's ``lag_target`` set to L (and the
+learner's ``max_policy_lag`` to L + 1, so nothing the controller allowed is dropped), for
+three algorithms: ``ppo`` (plain PPO: the clipped ratio is its only correction),
+``appo`` (the same with ``vtrace = true``: V-trace targets and advantages) and ``impala``
+(``examples/cartpole_impala.toml``'s settings). Every (algorithm, lag, seed) run is a fresh
+process; the report gives per (algorithm, lag) how many seeds reached 475, the median time
+to target from launch (a miss counts as infinite), the measured mean policy lag and the
+ratio of the median time to the same algorithm's at the smallest lag.
+
+Goal (issue 21): with lag 8, APPO reaches the target in every seed within 1.3x its lag-1
+time.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from typing import Any
+
+from tianji.bench.spawn import run_json_child
+from tianji.bench.train import CONFIGS, TARGETS, machine, parse_seeds
+
+__all__ = ["ALGOS", "lag_config", "run_lag_bench", "summarize"]
+
+IMPALA_ALGO: dict[str, Any] = {
+    "fragments_per_batch": 2,
+    "lr": 3e-3,
+    "lr_anneal_updates": 400,
+    "lr_floor": 0.1,
+    "gamma": 0.98,
+    "gae_lambda": 0.9,
+    "update_epochs": 2,
+    "num_minibatches": 2,
+    "ent_coef": 0.0,
+    "vtrace_rho_bar": 1.0,
+    "vtrace_c_bar": 1.0,
+}
+"""``[algo]`` of ``examples/cartpole_impala.toml`` (a test keeps them equal)."""
+
+ALGOS = ("ppo", "appo", "impala")
+
+
+def lag_config(
+    algo: str, lag: int, seed: int, max_seconds: float, update_ms: float = 0.0
+) -> dict[str, Any]:
+    """The run config (as data) of one run; ``update_ms``: every learner update waits that
+    much longer (:mod:`tianji.bench.algos`), so the actors outrun the learner and the lag
+    reaches its target."""
+    data: dict[str, Any] = json.loads(json.dumps(CONFIGS["ppo"]))
+    if algo == "appo":
+        data["algo"]["vtrace"] = True
+    elif algo == "impala":
+        data["algorithm"] = "impala"
+        data["algo"] = dict(IMPALA_ALGO)
+    elif algo != "ppo":
+        raise ValueError(f"algo {algo!r}: one of {ALGOS}")
+    if update_ms > 0:
+        from tianji.bench.algos import DELAYED
+
+        data["algorithm"] = DELAYED["impala" if algo == "impala" else "ppo"]
+        data["algo"]["update_ms"] = update_ms
+    data["seed"] = seed
+    data["controller"]["lag_target"] = lag
+    data["learner"]["max_policy_lag"] = lag + 1
+    data["stop"] = {"target_return": TARGETS["ppo"], "max_seconds": max_seconds}
+    return data
+
+
+def _run(algo: str, lag: int, seed: int, max_seconds: float, update_ms: float) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "tianji.bench.train", "--worker"]
+    launched = time.time()
+    config = lag_config(algo, lag, seed, max_seconds, update_ms)
+    run = run_json_child(cmd, json.dumps(config), max_seconds + 120, tail=5)
+    row: dict[str, Any] = {"algorithm": algo, "lag_target": lag, "seed": seed}
+    if run.result is None:
+        return {**row, "error": run.error}
+    result = run.result
+    reached = result.get("target_reached_unix")
+    lag_stats = (result.get("controller") or {}).get("lag") or {}
+    return {
+        **row,
+        "launch_to_target_s": round(reached - launched, 3) if reached else None,
+        "env_steps_to_target": result.get("env_steps_to_target"),
+        "final_return": result.get("final_return"),
+        "policy_lag_mean": lag_stats.get("mean"),
+        "policy_lag_max": lag_stats.get("max"),
+    }
+
+
+def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (algorithm, lag): reached, median time (misses as infinite), lag, vs the
+    algorithm's smallest lag."""
+    cells = []
+    for algo in dict.fromkeys(r["algorithm"] for r in rows):
+        lags = sorted({r["lag_target"] for r in rows if r["algorithm"] == algo})
+        base: float | None = None
+        for lag in lags:
+            runs = [r for r in rows if r["algorithm"] == algo and r["lag_target"] == lag]
+            times = [r.get("launch_to_target_s") for r in runs]
+            censored = sorted(t if t is not None else float("inf") for t in times)
+            median = statistics.median(censored) if censored else float("inf")
+            finite = None if median == float("inf") else median
+            if lag == lags[0]:
+                base = finite
+            lag_means = [r["policy_lag_mean"] for r in runs if r.get("policy_lag_mean") is not None]
+            cells.append(
+                {
+                    "algorithm": algo,
+                    "lag_target": lag,
+                    "runs": len(runs),
+                    "reached": sum(t is not None for t in times),
+                    "time_to_target_median_s": finite,
+                    "vs_smallest_lag": round(finite / base, 3) if finite and base else None,
+                    "policy_lag_mean": round(statistics.mean(lag_means), 2) if lag_means else None,
+                    "errors": [r["error"] for r in runs if "error" in r],
+                }
+            )
+    return cells
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = [
+        "| algorithm | lag_target | reached | time to 475, median s | vs smallest lag "
+        "| measured policy lag (mean) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for c in report["cells"]:
+        t = c["time_to_target_median_s"]
+        ratio = c["vs_smallest_lag"]
+        lag = c["policy_lag_mean"]
+        lines.append(
+            f"| {c['algorithm']} | {c['lag_target']} | {c['reached']}/{c['runs']} "
+            f"| {'—' if t is None else f'{t:.1f}'} | {'—' if ratio is None else f'{ratio:.2f}'} "
+            f"| {'—' if lag is None else f'{lag:.2f}'} |"
+        )
+    m = report["machine"]
+    delay = report.get("update_ms") or 0
+    slow = f", every update {delay:g} ms longer" if delay else ""
+    lines += [
+        "",
+        f"CartPole-v1, 2 actor processes{slow}; machine: {m['cpus']} CPUs ({m['cpu']}), torch "
+        f"{m['torch']}; seeds {report['seeds']}, budget {report['max_seconds']:.0f} s per run; "
+        f"command: `{report['command']}`.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def run_lag_bench(
+    algos: tuple[str, ...],
+    lags: tuple[int, ...],
+    seeds: tuple[int, ...],
+    max_seconds: float,
+    update_ms: float = 0.0,
+) -> dict[str, Any]:
+    """Every run, interleaved seed by seed, with a progress line each."""
+    plan = [(seed, algo, lag) for seed in seeds for algo in algos for lag in lags]
+    rows = []
+    started = time.monotonic()
+    for i, (seed, algo, lag) in enumerate(plan, 1):
+        print(f"[{i}/{len(plan)}] {algo} lag {lag} seed {seed} ...", file=sys.stderr, flush=True)
+        row = _run(algo, lag, seed, max_seconds, update_ms)
+        rows.append(row)
+        t = row.get("launch_to_target_s")
+        what = row.get("error") or (f"{t:.1f} s to 475" if t else "target missed")
+        print(f"    {what} [{time.monotonic() - started:.0f} s so far]", file=sys.stderr,
+              flush=True)  # fmt: skip
+    return {
+        "rows": rows,
+        "cells": summarize(rows),
+        "seeds": list(seeds),
+        "max_seconds": max_seconds,
+        "update_ms": update_ms,
+        "machine": machine(),
+        "command": "tianji bench lag " + " ".join(sys.argv[3:]),
+    }
+
+
+def add_parser(bench: Any) -> None:
+    """Add ``tianji bench lag`` to the ``bench`` subparsers."""
+    b = bench.add_parser(
+        "lag",
+        help="policy-lag tolerance on CartPole-v1: PPO, APPO (V-trace) and IMPALA at "
+        "lag_target 1, 2, 4, 8",
+        description=(__doc__ or "").split("\n\n")[1],
+    )
+    b.add_argument("--algos", default=",".join(ALGOS), help=f"comma-separated subset of {ALGOS}")
+    b.add_argument("--lags", default="1,2,4,8", help="comma-separated lag targets (1,2,4,8)")
+    b.add_argument("--seeds", default="3", help="N (0..N-1), A-B or A,B,C (default 3)")
+    b.add_argument("--max-seconds", type=float, default=120.0, help="budget per run (120)")
+    b.add_argument(
+        "--update-ms",
+        type=float,
+        default=0.0,
+        help="every learner update waits this many ms longer, so the actors outrun the "
+        "learner and the lag reaches its target (tianji.bench.algos)",
+    )
+    b.add_argument("--out", metavar="DIR", help="write lag.json and lag.md here")
+    b.add_argument("--json", action="store_true", help="print the JSON report, not the table")
+    b.set_defaults(func=_cmd)
+
+
+def _cmd(args: Any) -> int:
+    from tianji.bench.report import finish_report
+    from tianji.runtime.errors import ConfigError
+
+    algos = tuple(a for a in args.algos.split(",") if a)
+    for a in algos:
+        if a not in ALGOS:
+            raise ConfigError("--algos", a, " | ".join(ALGOS))
+    try:
+        lags = tuple(int(x) for x in args.lags.split(",") if x)
+    except ValueError:
+        lags = ()
+    if not lags or min(lags) < 0:
+        raise ConfigError("--lags", args.lags, "comma-separated integers >= 0, e.g. 1,2,4,8")
+    if args.max_seconds <= 0:
+        raise ConfigError("--max-seconds", args.max_seconds, "a positive number of seconds")
+    if args.update_ms < 0:
+        raise ConfigError("--update-ms", args.update_ms, "a number of milliseconds >= 0")
+    seeds = parse_seeds(args.seeds)
+    report = run_lag_bench(algos, lags, seeds, args.max_seconds, args.update_ms)
+    return finish_report(report, markdown(report), "lag", args.out, args.json)
