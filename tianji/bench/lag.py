@@ -5,10 +5,12 @@ Each run is the PPO benchmark run of ``tianji bench train`` (``examples/cartpole
 learner's ``max_policy_lag`` to L + 1, so nothing the controller allowed is dropped), for
 three algorithms: ``ppo`` (plain PPO: the clipped ratio is its only correction),
 ``appo`` (the same with ``vtrace = true``: V-trace targets and advantages) and ``impala``
-(``examples/cartpole_impala.toml``'s settings). Every (algorithm, lag, seed) run is a fresh
-process; the report gives per (algorithm, lag) how many seeds reached 475, the median time
-to target from launch (a miss counts as infinite), the measured mean policy lag and the
-ratio of the median time to the same algorithm's at the smallest lag.
+(``examples/cartpole_impala.toml``'s settings); the rollout buffer holds ``lag + 2``
+batches, since the controller never grants more fragments than it holds. Every
+(algorithm, lag, seed) run is a fresh process; the report gives per (algorithm, lag) how
+many seeds reached 475, the median time to target from launch (a miss counts as
+infinite), the measured mean policy lag and the ratio of the median time to the same
+algorithm's at the smallest lag.
 
 Goal (issue 21): with lag 8, APPO reaches the target in every seed within 1.3x its lag-1
 time.
@@ -29,14 +31,15 @@ __all__ = ["ALGOS", "lag_config", "run_lag_bench", "summarize"]
 
 IMPALA_ALGO: dict[str, Any] = {
     "fragments_per_batch": 2,
-    "lr": 3e-3,
+    "lr": 1e-3,
     "lr_anneal_updates": 400,
     "lr_floor": 0.1,
     "gamma": 0.98,
     "gae_lambda": 0.9,
     "update_epochs": 2,
     "num_minibatches": 2,
-    "ent_coef": 0.0,
+    "buffer_capacity": 12,
+    "ent_coef": 0.01,
     "vtrace_rho_bar": 1.0,
     "vtrace_c_bar": 1.0,
 }
@@ -67,6 +70,10 @@ def lag_config(
     data["seed"] = seed
     data["controller"]["lag_target"] = lag
     data["learner"]["max_policy_lag"] = lag + 1
+    # the controller never grants more than the rollout buffer holds: room for the lag
+    needed = data["algo"].get("fragments_per_batch", 1) * (lag + 2)
+    if needed > data["algo"].get("buffer_capacity", 8):  # 8: PPO's default
+        data["algo"]["buffer_capacity"] = needed
     data["stop"] = {"target_return": TARGETS["ppo"], "max_seconds": max_seconds}
     return data
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -41,9 +42,27 @@ from tianji.services.monitor import TrainMonitor
 
 __all__ = ["RunPlan", "TrainMonitor", "bind_addresses", "build_specs"]
 
+log = logging.getLogger("tianji.run")
+
 FINAL_CHECKPOINT_S = 8.0
 """How long a cleanly stopping run waits for its last checkpoint (within the launcher's
 ``grace``)."""
+
+
+def _warn_lag_capped(balance: Any) -> None:
+    """Say so when the rollout buffer is too small for the lag the controller may allow
+    (it never grants more fragments than the buffer holds)."""
+    if not (balance.on_policy and balance.mode == "relaxed" and balance.buffer_fragments):
+        return
+    target = min(balance.lag_target, balance.max_policy_lag)
+    needed = balance.batch_fragments * (target + 1)
+    if balance.buffer_fragments < needed:
+        reached = max(0, balance.buffer_fragments // balance.batch_fragments - 1)
+        log.warning(
+            "controller.lag_target %d needs a rollout buffer of %d fragments "
+            "(algo.buffer_capacity); it holds %d, so the policy lag stays at most about %d",
+            target, needed, balance.buffer_fragments, reached,
+        )  # fmt: skip
 
 
 def bind_addresses(transport: str) -> tuple[str, str]:
@@ -173,6 +192,7 @@ class RunPlan:
         del algo
         fragment_samples = config.actors.fragment_length * config.actors.envs_per_actor
         balance = balance_config(config, spec, fragment_samples)  # validates the mode
+        _warn_lag_capped(balance)
         specs = build_specs(config, dataclasses.asdict(spec))
         plan = cls(config, specs, balance, spec.kind == "rollout", out, metrics_path)
         if resume is not None:
