@@ -157,3 +157,16 @@ def test_an_on_board_reference_survives_the_codec() -> None:
     ev = BoardPosted(topic=LATEST_PARAMS, board="tianji-1-2-board00", slot=1, seq=4, lengths=(3, 9))
     codec = Codec()
     assert codec.decode(codec.encode(ev)) == ev
+
+
+def test_a_reference_to_a_board_the_publisher_outgrew_is_skipped_not_fatal() -> None:
+    from tianji.runtime.events import BoardPosted
+
+    svc = Service("actor-0")
+    ref = BoardPosted(topic=LATEST_PARAMS, board="tianji-1-1-boardgone", slot=0, seq=2,
+                      lengths=(10,))  # fmt: skip
+    assert svc._from_board(ref, "peer") is None
+    assert svc.counters[ServiceStat.BOARD_SUPERSEDED] == 1
+    bad = BoardPosted(topic=LATEST_PARAMS, board="../x", slot=0, seq=2, lengths=(10,))
+    with pytest.raises(BadFrame):
+        svc._from_board(bad, "peer")

@@ -13,17 +13,15 @@ gives the lease to check after copying them out.
 from __future__ import annotations
 
 import collections
-import logging
 from typing import Protocol
 
 from tianji.runtime.board import BOARD_MIN_BYTES, Board, BoardReader, Lease
 from tianji.runtime.core import Connection
+from tianji.runtime.errors import BadFrame
 from tianji.runtime.events import BoardPosted, Event
 from tianji.runtime.heartbeats import ServiceStat
 
 __all__ = ["BoardSharing", "FrameList"]
-
-log = logging.getLogger("tianji.service")
 
 FrameList = list[bytes | bytearray | memoryview]
 LEASES_KEPT = 8
@@ -103,7 +101,12 @@ class BoardSharing:
         """
         if self._board_reader is None:
             self._board_reader = BoardReader()
-        got = self._board_reader.resolve(ev.board, ev.slot, ev.seq, ev.lengths)
+        try:
+            got = self._board_reader.resolve(ev.board, ev.slot, ev.seq, ev.lengths)
+        except BadFrame as exc:
+            if exc.reason != "board_gone":
+                raise
+            got = None  # the publisher moved to a larger board since: a newer event follows
         if got is None:
             self.counters[ServiceStat.BOARD_SUPERSEDED] += 1
             return None
