@@ -28,6 +28,7 @@ __all__ = [
     "box_obs_problem",
     "build_network",
     "flat_dim",
+    "gradient_step",
     "is_image_space",
     "load_numpy_weights",
     "mlp",
@@ -294,6 +295,29 @@ def load_numpy_weights(module: nn.Module, weights: Mapping[str, np.ndarray]) -> 
             if tuple(src.shape) != tuple(v.shape):
                 raise ValueError(f"weight {k}: shape {tuple(src.shape)} != {tuple(v.shape)}")
             v.copy_(src)
+
+
+def gradient_step(
+    loss: torch.Tensor,
+    params: Sequence[nn.Parameter],
+    optimizer: torch.optim.Optimizer,
+    sync: GradientSync | None,
+    max_grad_norm: float,
+) -> torch.Tensor:
+    """One optimizer step on ``loss``: clear the gradients, backpropagate, average them over
+    the data-parallel learners (``sync``, see :func:`sync_gradients`), clip their norm to
+    ``max_grad_norm``, step.
+
+    Returns:
+        The gradients' total norm before clipping.
+    """
+    optimizer.zero_grad(set_to_none=True)
+    torch.autograd.backward(loss)
+    if sync is not None:  # data-parallel learners: average, then clip
+        sync_gradients(params, sync)
+    norm = nn.utils.clip_grad_norm_(params, max_grad_norm)
+    optimizer.step()
+    return norm
 
 
 def sync_gradients(params: Sequence[nn.Parameter], sync: GradientSync) -> None:

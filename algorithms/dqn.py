@@ -24,6 +24,7 @@ from tianji.algorithms._nets import (
     as_hidden,
     box_obs_problem,
     build_network,
+    gradient_step,
     load_numpy_weights,
     numpy_weights,
     obs_tensor,
@@ -32,9 +33,7 @@ from tianji.algorithms._nets import (
     require_spaces,
     resolve_torso,
     seeded_init,
-    sync_gradients,
 )
-from torch import nn
 
 from tianji.rl.algorithm import BufferSpec, GradientSync, UpdateResult
 from tianji.rl.errors import ConfigError
@@ -287,12 +286,9 @@ class DQN:
                 batch["weight"], dtype=torch.float32, device=dev
             )
         loss = loss_each.mean()
-        self.optimizer.zero_grad(set_to_none=True)
-        torch.autograd.backward(loss)
-        if self.gradient_sync is not None:  # data-parallel learners: average, then clip
-            sync_gradients(list(self.q.parameters()), self.gradient_sync)
-        grad_norm = nn.utils.clip_grad_norm_(self.q.parameters(), c.max_grad_norm)
-        self.optimizer.step()
+        grad_norm = gradient_step(
+            loss, list(self.q.parameters()), self.optimizer, self.gradient_sync, c.max_grad_norm
+        )
         self.version += 1
         if self.version % c.target_update_interval == 0:
             polyak_update(self.q, self.q_target, c.tau)

@@ -22,9 +22,7 @@ import dataclasses
 from collections.abc import Mapping
 
 import torch
-from tianji.algorithms._nets import sync_gradients
 from tianji.algorithms.ppo import PPO, PPOConfig
-from torch import nn
 
 from tianji.rl.errors import ConfigError
 
@@ -69,28 +67,13 @@ class IMPALA(PPO):
     name = "impala"
     Config = IMPALAConfig
 
-    def _minibatch_step(self, mb: Mapping[str, torch.Tensor]) -> dict[str, float]:
+    def _losses(
+        self,
+        mb: Mapping[str, torch.Tensor],
+        logp: torch.Tensor,
+        entropy: torch.Tensor,
+        value: torch.Tensor,
+        adv: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         c = self.config
-        logp, entropy, value = self._evaluate(mb["obs"], mb["action"])
-        adv = mb["adv"]
-        if c.norm_adv and len(adv) > 1:
-            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-        loss, pg_loss, v_loss, ent = impala_loss(
-            logp, entropy, value, adv, mb["ret"], c.vf_coef, c.ent_coef
-        )
-        self.optimizer.zero_grad(set_to_none=True)
-        torch.autograd.backward(loss)
-        if self.gradient_sync is not None:  # data-parallel learners: average, then clip
-            sync_gradients(list(self.net.parameters()), self.gradient_sync)
-        nn.utils.clip_grad_norm_(self.net.parameters(), c.max_grad_norm)
-        self.optimizer.step()
-        with torch.no_grad():
-            log_ratio = logp - mb["old_logp"]
-            approx_kl = ((log_ratio.exp() - 1) - log_ratio).mean()
-        return {
-            "loss": float(loss.item()),
-            "policy_loss": float(pg_loss.item()),
-            "value_loss": float(v_loss.item()),
-            "entropy": float(ent.item()),
-            "approx_kl": float(approx_kl.item()),
-        }
+        return impala_loss(logp, entropy, value, adv, mb["ret"], c.vf_coef, c.ent_coef)

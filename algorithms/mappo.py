@@ -29,13 +29,13 @@ from tianji.algorithms._nets import (
     adam,
     as_hidden,
     flat_dim,
+    gradient_step,
     load_numpy_weights,
     mlp,
     numpy_weights,
     pick_device,
     require_spaces,
     seeded_init,
-    sync_gradients,
 )
 from tianji.algorithms.ppo import (
     annealed_lr,
@@ -325,12 +325,8 @@ class MAPPO:
         clip_v = c.clip_coef if c.clip_value_loss else None
         v_loss = value_loss(value, mb["old_value"], mb["ret"], clip_v)
         loss = pg_loss + c.vf_coef * v_loss - c.ent_coef * entropy
-        self.optimizer.zero_grad(set_to_none=True)
-        torch.autograd.backward(loss)
-        if self.gradient_sync is not None:  # data-parallel learners: average, then clip
-            sync_gradients(list(self.net.parameters()), self.gradient_sync)
-        nn.utils.clip_grad_norm_(self.net.parameters(), c.max_grad_norm)
-        self.optimizer.step()
+        params = list(self.net.parameters())
+        gradient_step(loss, params, self.optimizer, self.gradient_sync, c.max_grad_norm)
         with torch.no_grad():
             log_ratio = logp - mb["old_logp"]
             approx_kl = ((log_ratio.exp() - 1) - log_ratio).mean()

@@ -32,6 +32,7 @@ from tianji.algorithms._nets import (
     as_hidden,
     box_obs_problem,
     flat_dim,
+    gradient_step,
     load_numpy_weights,
     mlp,
     numpy_weights,
@@ -40,7 +41,6 @@ from tianji.algorithms._nets import (
     require_spaces,
     resolve_torso,
     seeded_init,
-    sync_gradients,
 )
 from tianji.algorithms._vtrace import vtrace
 from torch import nn
@@ -563,17 +563,9 @@ class PPO:
         adv = mb["adv"]
         if c.norm_adv and len(adv) > 1:
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-        pg_loss = clipped_surrogate_loss(logp, mb["old_logp"], adv, c.clip_coef)
-        clip_v = c.clip_coef if c.clip_value_loss else None
-        v_loss = value_loss(value, mb["old_value"], mb["ret"], clip_v)
-        ent = entropy.mean()
-        loss = pg_loss + c.vf_coef * v_loss - c.ent_coef * ent
-        self.optimizer.zero_grad(set_to_none=True)
-        torch.autograd.backward(loss)
-        if self.gradient_sync is not None:  # data-parallel learners: average, then clip
-            sync_gradients(list(self.net.parameters()), self.gradient_sync)
-        nn.utils.clip_grad_norm_(self.net.parameters(), c.max_grad_norm)
-        self.optimizer.step()
+        loss, pg_loss, v_loss, ent = self._losses(mb, logp, entropy, value, adv)
+        params = list(self.net.parameters())
+        gradient_step(loss, params, self.optimizer, self.gradient_sync, c.max_grad_norm)
         with torch.no_grad():
             log_ratio = logp - mb["old_logp"]
             approx_kl = ((log_ratio.exp() - 1) - log_ratio).mean()
@@ -586,6 +578,23 @@ class PPO:
             "approx_kl": float(approx_kl.item()),
             "clip_frac": float(clip_frac.item()),
         }
+
+    def _losses(
+        self,
+        mb: Mapping[str, torch.Tensor],
+        logp: torch.Tensor,
+        entropy: torch.Tensor,
+        value: torch.Tensor,
+        adv: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(loss, policy loss, value loss, mean entropy)`` of a minibatch: the clipped
+        surrogate and the (optionally clipped) value error (IMPALA overrides this)."""
+        c = self.config
+        pg_loss = clipped_surrogate_loss(logp, mb["old_logp"], adv, c.clip_coef)
+        clip_v = c.clip_coef if c.clip_value_loss else None
+        v_loss = value_loss(value, mb["old_value"], mb["ret"], clip_v)
+        ent = entropy.mean()
+        return pg_loss + c.vf_coef * v_loss - c.ent_coef * ent, pg_loss, v_loss, ent
 
     def _log_probs(
         self, obs: torch.Tensor, action: torch.Tensor, chunk: int = 2048

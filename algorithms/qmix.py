@@ -32,6 +32,7 @@ from tianji.algorithms._nets import (
     adam,
     as_hidden,
     flat_dim,
+    gradient_step,
     load_numpy_weights,
     mlp,
     numpy_weights,
@@ -39,7 +40,6 @@ from tianji.algorithms._nets import (
     polyak_update,
     require_spaces,
     seeded_init,
-    sync_gradients,
 )
 from tianji.algorithms.dqn import epsilon_at, n_step_transitions
 from torch import nn
@@ -326,12 +326,9 @@ class QMIX:
             loss = F.huber_loss(q_tot, target, delta=c.huber_delta)
         else:
             loss = F.mse_loss(q_tot, target)
-        self.optimizer.zero_grad(set_to_none=True)
-        torch.autograd.backward(loss)
-        if self.gradient_sync is not None:  # data-parallel learners: average, then clip
-            sync_gradients(self.params, self.gradient_sync)
-        grad_norm = nn.utils.clip_grad_norm_(self.params, c.max_grad_norm)
-        self.optimizer.step()
+        grad_norm = gradient_step(
+            loss, self.params, self.optimizer, self.gradient_sync, c.max_grad_norm
+        )
         self.version += 1
         if self.version % c.target_update_interval == 0:
             polyak_update(self.agent, self.agent_target, c.tau)
