@@ -316,7 +316,8 @@ class Balancer:
 
     def metrics(self, heartbeats: Mapping[str, Heartbeat]) -> dict[str, Any]:
         """The run's balance metrics (see docs/architecture.md, "The controller")."""
-        obs = self.observe(heartbeats, heartbeats)
+        self.tally.scan(heartbeats)  # the running totals, not a second sum of everything
+        obs = self.tally.observation(heartbeats)
         production, consumption = self.rates()
         effective = obs.inserted - self.config.min_replay_size
         pause = {
