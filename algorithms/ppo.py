@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -42,6 +42,7 @@ from tianji.algorithms._nets import (
     resolve_torso,
     seeded_init,
 )
+from tianji.algorithms._recurrent import CORES, RecurrentActorCritic, episode_starts
 from tianji.algorithms._vtrace import vtrace
 from torch import nn
 
@@ -82,7 +83,9 @@ class PPOConfig:
     gae_lambda: float = 0.95
     """GAE lambda: 0 is one-step TD, 1 is Monte Carlo."""
     reward_scale: float = 1.0
-    """Rewards are multiplied by this before GAE (keeps value targets near unit scale)."""
+    """Rewards are multiplied by this before GAE (keeps value targets near unit scale).
+    Matters most where the policy and the value share a torso ("nature", a ``core``):
+    large value errors there drown the policy's share of the clipped gradient."""
     fragments_per_batch: int = 1
     """Fragments (each ``[T, N]``) concatenated along the env axis into one learner batch."""
     buffer_capacity: int = 8
@@ -125,9 +128,27 @@ class PPOConfig:
     """V-trace's truncation of the importance weights in the targets and the advantages."""
     vtrace_c_bar: float = 1.0
     """V-trace's truncation of the traces (how far a correction reaches back)."""
+    core: str = "none"
+    """A recurrent core between the torso and the heads: "gru", or "none" (feed-forward).
+    The learner unrolls it over each fragment (truncated backpropagation through time
+    over ``[actors] fragment_length`` steps) from the state stored with the fragment;
+    minibatches are then whole env columns (``num_minibatches`` at most the batch's
+    columns)."""
+    core_hidden: int = 64
+    """The GRU's state size."""
+    burn_in: int = 0
+    """Steps at the start of each fragment that only warm up the recurrent state (no loss,
+    no gradient), refreshing a stored state that older weights computed. Less than
+    ``[actors] fragment_length``."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "hidden", as_hidden("algorithm.hidden", self.hidden))
+        if self.core not in CORES:
+            raise ConfigError("algorithm.core", self.core, f"one of {', '.join(CORES)}")
+        if type(self.core_hidden) is not int or self.core_hidden <= 0:
+            raise ConfigError("algorithm.core_hidden", self.core_hidden, "a positive integer")
+        if type(self.burn_in) is not int or self.burn_in < 0:
+            raise ConfigError("algorithm.burn_in", self.burn_in, "an integer >= 0")
         for key in ("fragments_per_batch", "buffer_capacity", "update_epochs", "num_minibatches"):
             if type(getattr(self, key)) is not int or getattr(self, key) <= 0:
                 raise ConfigError(f"algorithm.{key}", getattr(self, key), "a positive integer")
@@ -358,10 +379,21 @@ class PPO:
         self.version = 0
         self.rng = np.random.default_rng(seed)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.recurrent = config.core != "none"
+        """Whether ``act`` takes and returns a per-env state (``[algo] core``)."""
         with seeded_init(seed):
-            self.net = ActorCritic(
-                observation_space, out_dim, config, continuous=self.continuous
-            ).to(self.device)
+            net: ActorCritic | RecurrentActorCritic
+            if self.recurrent:
+                torso = resolve_torso("algo.torso", config.torso, observation_space)
+                net = RecurrentActorCritic(
+                    observation_space, out_dim, hidden=config.hidden,
+                    core_hidden=config.core_hidden, image=torso == "nature",
+                    continuous=self.continuous, init_log_std=config.init_log_std,
+                )  # fmt: skip
+            else:
+                net = ActorCritic(observation_space, out_dim, config, continuous=self.continuous)
+            self.net = net.to(self.device)
+        self._steps = 0  # T of the batch being learned from (recurrent minibatches)
         self._optimizer: torch.optim.Optimizer | None = None  # built on first update
         self.gradient_sync: GradientSync | None = None  # set by the learner when K > 1
 
@@ -375,15 +407,32 @@ class PPO:
 
     # ----------------------------------------------------------------- actor side
 
-    def act(self, obs: np.ndarray, *, explore: bool) -> dict[str, np.ndarray]:
-        """Sample (``explore``) or take the mode of the policy for ``obs [N, ...]``."""
+    def initial_state(self, n: int) -> np.ndarray:
+        """``[n, core_hidden]`` zeros: the recurrent state an episode starts from."""
+        return np.zeros((n, self.config.core_hidden), np.float32)
+
+    def act(
+        self, obs: np.ndarray, *, explore: bool, state: np.ndarray | None = None
+    ) -> dict[str, np.ndarray]:
+        """Sample (``explore``) or take the mode of the policy for ``obs [N, ...]``.
+
+        With a recurrent core, ``state [N, core_hidden]`` is each env's state before
+        ``obs`` (``None``: fresh episodes); the answer then also holds ``core_state`` (that
+        state, stored in the fragment for the learner's unroll) and ``next_state`` (the
+        state after ``obs``, for the caller to keep, not to store).
+        """
         with torch.no_grad():
-            head, value = self.net(self._input(obs))
+            if isinstance(self.net, RecurrentActorCritic):
+                before = self.initial_state(len(obs)) if state is None else state
+                h = torch.as_tensor(np.array(before, np.float32), device=self.device)
+                head, value, h_next = self.net.step(self._input(obs), h)
+            else:
+                head, value = self.net(self._input(obs))
             if self.continuous:
                 raw, logp = self._sample_gaussian(head, explore)
             else:
                 raw, logp = self._sample_categorical(head, explore)
-        out = {
+        out: dict[str, np.ndarray] = {
             "logp": logp.cpu().numpy().astype(np.float32),
             "value": value.cpu().numpy().astype(np.float32),
         }
@@ -393,6 +442,9 @@ class PPO:
             out["action"] = np.clip(raw_np, self.low, self.high)
         else:
             out["action"] = raw.cpu().numpy().astype(np.int64) + self.action_start
+        if isinstance(self.net, RecurrentActorCritic):
+            out["core_state"] = h.cpu().numpy()
+            out["next_state"] = h_next.cpu().numpy()
         return out
 
     def _input(self, obs: np.ndarray) -> torch.Tensor:
@@ -468,7 +520,7 @@ class PPO:
         totals: dict[str, float] = {}
         steps = 0
         for _ in range(c.update_epochs):
-            for index in epoch_minibatches(size, c.num_minibatches, self.rng):
+            for index in self._minibatches(size):
                 mb = {k: v[index] for k, v in flat.items()}
                 for k, v in self._minibatch_step(mb).items():
                     totals[k] = totals.get(k, 0.0) + v
@@ -483,6 +535,18 @@ class PPO:
         metrics.update(self._batch_metrics(flat), lr=self.optimizer.param_groups[0]["lr"])
         return UpdateResult(metrics=metrics)
 
+    def _minibatches(self, size: int) -> list[np.ndarray]:
+        """One epoch's minibatches of flat ``[T*M]`` indices: random steps, or, with a
+        recurrent core, random whole columns (every step of each, in time order)."""
+        c = self.config
+        if not self.recurrent:
+            return epoch_minibatches(size, c.num_minibatches, self.rng)
+        steps = self._steps
+        width = size // steps
+        columns = epoch_minibatches(width, min(c.num_minibatches, width), self.rng)
+        rows = np.arange(steps)[:, None] * width
+        return [(rows + cols[None, :]).reshape(-1) for cols in columns]
+
     def _shared_kl(self, kl: float) -> float:
         """The early-stop KL: with data-parallel learners the mean over all of them (one
         more all-reduce step), so they all stop after the same epoch and stay in step."""
@@ -495,15 +559,22 @@ class PPO:
         c, dev = self.config, self.device
         reward = np.asarray(batch["reward"], dtype=np.float64) * c.reward_scale
         obs = self._input(_flat(batch["obs"]))
-        with torch.no_grad():
-            value = self._values(obs)
-            next_value = self._next_values(batch, value)
         if self.continuous:
             raw = _flat(batch["raw_action"]).reshape(len(obs), -1)
             action = torch.as_tensor(raw, dtype=torch.float32, device=dev)
         else:
             index = _flat(batch["action"]).astype(np.int64) - self.action_start
             action = torch.as_tensor(index, device=dev)
+        extra: dict[str, torch.Tensor] = {}
+        logp: torch.Tensor | None = None
+        with torch.no_grad():
+            if isinstance(self.net, RecurrentActorCritic):
+                value, next_value, logp, extra = self._unroll_batch(batch, obs, action)
+            else:
+                value = self._values(obs)
+                next_value = self._next_values(
+                    batch, value, lambda rows, next_obs: self._values(self._input(next_obs))
+                )
         ends = (
             reward,
             value.cpu().numpy().astype(np.float64).reshape(reward.shape),
@@ -512,9 +583,12 @@ class PPO:
             batch["truncated"],
         )
         if c.vtrace:
-            with torch.no_grad():
-                logp = self._log_probs(obs, action).cpu().numpy().reshape(reward.shape)
-            log_rho = logp - np.asarray(batch["logp"], np.float64)
+            if logp is None:
+                with torch.no_grad():
+                    logp = self._log_probs(obs, action)
+            log_rho = logp.double().cpu().numpy().reshape(reward.shape) - np.asarray(
+                batch["logp"], np.float64
+            )
             ret, adv = vtrace(
                 *ends, log_rho, gamma=c.gamma, lam=c.gae_lambda,
                 rho_bar=c.vtrace_rho_bar, c_bar=c.vtrace_c_bar,
@@ -533,18 +607,61 @@ class PPO:
             "old_value": value,
             "adv": tensor(adv),
             "ret": tensor(ret),
+            **extra,
         }
+
+    def _unroll_batch(
+        self, batch: Mapping[str, np.ndarray], obs: torch.Tensor, action: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """The recurrent core over the ``[T, M]`` batch from the stored start states:
+        ``(values [T*M], next values [T*M], logp [T*M], the flat tensors minibatches
+        unroll from: core_state, starts)``.
+
+        Raises:
+            ConfigError: if ``burn_in`` leaves no step of the fragments to learn from.
+        """
+        assert isinstance(self.net, RecurrentActorCritic)
+        steps, width = np.shape(batch["reward"])
+        if self.config.burn_in >= steps:
+            raise ConfigError(
+                "algorithm.burn_in", self.config.burn_in, f"less than the fragment length {steps}"
+            )
+        self._steps = steps
+        dev = self.device
+        stored = torch.as_tensor(np.asarray(batch["core_state"], np.float32), device=dev)
+        starts = episode_starts(batch["terminated"], batch["truncated"]).to(dev)
+        heads, values, after = self.net.unroll(
+            obs.view(steps, width, *obs.shape[1:]), stored[0], starts
+        )
+        value = values.reshape(-1)
+        after_flat = after.reshape(steps * width, -1)
+
+        def value_of(rows: np.ndarray, next_obs: np.ndarray) -> torch.Tensor:
+            index = torch.as_tensor(rows, device=dev)
+            return self.net.step(self._input(next_obs), after_flat[index])[1]  # type: ignore[operator]
+
+        next_value = self._next_values(batch, value, value_of)
+        logp = self._head_stats(heads.reshape(steps * width, -1), action)[0]
+        extra = {"core_state": stored.reshape(steps * width, -1), "starts": starts.reshape(-1)}
+        return value, next_value, logp, extra
 
     def _values(self, obs: torch.Tensor, chunk: int = 2048) -> torch.Tensor:
         """``V(obs)`` in chunks (bounded activation memory for pixel batches)."""
+        assert isinstance(self.net, ActorCritic)  # the recurrent core values in its unroll
         if len(obs) <= chunk:
             return self.net.value(obs)
         return torch.cat([self.net.value(obs[i : i + chunk]) for i in range(0, len(obs), chunk)])
 
-    def _next_values(self, batch: Mapping[str, np.ndarray], value: torch.Tensor) -> torch.Tensor:
+    def _next_values(
+        self,
+        batch: Mapping[str, np.ndarray],
+        value: torch.Tensor,
+        value_of: Callable[[np.ndarray, np.ndarray], torch.Tensor],
+    ) -> torch.Tensor:
         """``V(next_obs)`` flat ``[T*M]``. Inside a column ``next_obs[t]`` is ``obs[t+1]``
         unless the episode ended at ``t``, so only the last step and the ends need a
-        forward pass of their own (half the work of valuing every ``next_obs``)."""
+        forward pass of their own (half the work of valuing every ``next_obs``):
+        ``value_of(flat rows, their next_obs)``."""
         done = np.asarray(batch["terminated"], bool) | np.asarray(batch["truncated"], bool)
         steps, width = done.shape
         need = done.copy()
@@ -554,12 +671,15 @@ class PPO:
         rows = np.flatnonzero(need)
         next_obs = _flat(batch["next_obs"])[rows]
         flat_next = next_value.view(-1)
-        flat_next[torch.as_tensor(rows, device=value.device)] = self._values(self._input(next_obs))
+        flat_next[torch.as_tensor(rows, device=value.device)] = value_of(rows, next_obs)
         return flat_next
 
     def _minibatch_step(self, mb: Mapping[str, torch.Tensor]) -> dict[str, float]:
         c = self.config
-        logp, entropy, value = self._evaluate(mb["obs"], mb["action"])
+        if self.recurrent:
+            mb, (logp, entropy, value) = self._evaluate_columns(mb)
+        else:
+            logp, entropy, value = self._evaluate(mb["obs"], mb["action"])
         adv = mb["adv"]
         if c.norm_adv and len(adv) > 1:
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
@@ -606,19 +726,51 @@ class PPO:
         ]
         return torch.cat(parts).double()
 
+    def _evaluate_columns(
+        self, mb: Mapping[str, torch.Tensor]
+    ) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """A recurrent minibatch (whole columns, time-major): unroll them from their stored
+        first states; the first ``burn_in`` steps without gradient and left out.
+
+        Returns:
+            ``(the minibatch without its burn-in steps, (logp, entropy, value))``, flat.
+        """
+        assert isinstance(self.net, RecurrentActorCritic)
+        steps, burn = self._steps, self.config.burn_in
+        width = len(mb["obs"]) // steps
+
+        def columns(x: torch.Tensor) -> torch.Tensor:
+            return x.view(steps, width, *x.shape[1:])
+
+        obs, starts = columns(mb["obs"]), columns(mb["starts"])
+        state = columns(mb["core_state"])[0]
+        if burn:
+            with torch.no_grad():
+                state = self.net.unroll(obs[:burn], state, starts[:burn])[2][-1]
+        heads, value, _ = self.net.unroll(obs[burn:], state, starts[burn:])
+        kept = {k: columns(v)[burn:].reshape(-1, *v.shape[1:]) for k, v in mb.items()}
+        logp, entropy = self._head_stats(heads.reshape(len(kept["adv"]), -1), kept["action"])
+        return kept, (logp, entropy, value.reshape(-1))
+
     def _evaluate(
         self, obs: torch.Tensor, action: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(logp(action), entropy, value)`` under the current network."""
         head, value = self.net(obs)
+        return (*self._head_stats(head, action), value)
+
+    def _head_stats(
+        self, head: torch.Tensor, action: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(logp(action), entropy)`` of the policy head's output ``[B, A]``."""
         if self.continuous:
             assert self.net.log_std is not None
             log_std = self.net.log_std.expand_as(head)
-            return gaussian_log_prob(action, head, log_std), gaussian_entropy(log_std), value
+            return gaussian_log_prob(action, head, log_std), gaussian_entropy(log_std)
         log_probs = torch.log_softmax(head, dim=-1)
         logp = log_probs.gather(1, action.long()[:, None]).squeeze(1)
         entropy = -(log_probs.exp() * log_probs).sum(-1)
-        return logp, entropy, value
+        return logp, entropy
 
     def _anneal_lr(self) -> None:
         c = self.config

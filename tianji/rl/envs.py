@@ -15,6 +15,7 @@ from tianji.rl.config import EnvConfig
 from tianji.runtime.errors import ConfigError
 
 __all__ = [
+    "MaskedCartPole",
     "env_factory",
     "env_spaces",
     "env_spaces_and_state",
@@ -22,6 +23,30 @@ __all__ = [
     "random_policy_returns",
     "records_episodes",
 ]
+
+
+class MaskedCartPole(gym.ObservationWrapper[np.ndarray, int, np.ndarray]):
+    """CartPole-v1 with the velocities hidden: the observation is ``[cart position, pole
+    angle]`` only, so a policy must remember earlier observations to balance the pole.
+
+    The env id ``tianji.envs:MaskedCartPole`` makes it (``--env tianji.envs:MaskedCartPole``);
+    keyword arguments go to ``gymnasium.make("CartPole-v1", ...)``. Episodes end as
+    CartPole-v1's do (500 steps at most).
+    """
+
+    KEPT = (0, 2)
+    """The indices of CartPole's observation that stay: position and angle."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(gym.make("CartPole-v1", **kwargs))
+        inner = self.env.observation_space
+        assert isinstance(inner, gym.spaces.Box)
+        kept = list(self.KEPT)
+        self.observation_space = gym.spaces.Box(inner.low[kept], inner.high[kept], dtype=np.float32)
+
+    def observation(self, observation: np.ndarray) -> np.ndarray:
+        """Position and angle of CartPole's observation."""
+        return np.asarray(observation, np.float32)[list(self.KEPT)]
 
 
 def env_factory(config: EnvConfig, *, training: bool = True) -> Callable[[], gym.Env[Any, Any]]:

@@ -9,6 +9,7 @@ forward pass scatters the new ones back. Pure logic, no asyncio.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -49,6 +50,25 @@ class StateSlots:
         ids = np.asarray(env_ids, np.int64)
         table = self._table(actor, int(ids.max()) + 1 if len(ids) else 0)
         table[ids] = states
+
+    def act(
+        self,
+        algo: Any,
+        actor: str,
+        obs: np.ndarray,
+        env_ids: np.ndarray,
+        starts: np.ndarray,
+        *,
+        explore: bool,
+    ) -> dict[str, np.ndarray]:
+        """``algo.act`` for the envs ``env_ids`` of ``actor`` from their kept states (fresh
+        where ``starts``), keeping the states it returns (``next_state``, left out of the
+        answer). What an actor with a local recurrent policy does at every step; an
+        inference service does the same for a batch of many actors' requests."""
+        state = self.gather(actor, env_ids, starts)
+        out = dict(algo.act(obs, explore=explore, state=state))
+        self.scatter(actor, env_ids, out.pop("next_state"))
+        return out
 
     def forget(self, actor: str) -> None:
         """Drop an actor's table (it left, or restarted with fresh envs)."""

@@ -34,6 +34,7 @@ from tianji.rl.checkpoint import (
     unpack_state,
 )
 from tianji.rl.config import RunConfig
+from tianji.rl.slots import StateSlots
 from tianji.run.config import load_config
 from tianji.run.rundir import RunDirectory
 from tianji.runtime.errors import ConfigError, TianjiError
@@ -268,7 +269,8 @@ def run_episode(
 
     Args:
         env: a ``gymnasium.Env``.
-        algo: an algorithm (``act(obs [N, ...], explore=False) -> {"action": [N, ...]}``).
+        algo: an algorithm (``act(obs [N, ...], explore=False) -> {"action": [N, ...]}``);
+            a recurrent one carries its state from step to step, fresh at the reset.
         seed: the reset seed.
         video: records every frame when given.
 
@@ -283,11 +285,19 @@ def run_episode(
     clip = (action_space.low, action_space.high) if isinstance(action_space, spaces.Box) else None
     obs, _ = env.reset(seed=seed)
     total, length, done = 0.0, 0, False
+    memory = StateSlots(algo.initial_state) if getattr(algo, "recurrent", False) else None
+    env_ids, starts = np.zeros(1, np.int64), np.ones(1, bool)  # a recurrent policy's state
     while not done:
         if video is not None:
             video.add(env.render())
         # batched as a 1-env vector env batches it, so the policy sees what it trained on
-        action = algo.act(concatenate(space, [obs], batch), explore=False)["action"][0]
+        batched: Any = concatenate(space, [obs], batch)
+        if memory is not None:
+            out = memory.act(algo, "eval", batched, env_ids, starts, explore=False)
+            starts = np.zeros(1, bool)
+        else:
+            out = algo.act(batched, explore=False)
+        action = out["action"][0]
         if clip is not None:
             action = np.clip(action, *clip)
         obs, reward, terminated, truncated, _ = env.step(action)

@@ -21,6 +21,7 @@ from tianji.rl.events import (
     ResumeProduction,
     TrajectoryCollected,
 )
+from tianji.rl.slots import StateSlots
 from tianji.rl.stats import ActorStat, Dropped
 from tianji.rl.topics import (
     EPISODES,
@@ -67,6 +68,12 @@ class ActorService(Service):
         self.seed = self.config.seed + 1000 * (index + 1)
         self.algo = make_algorithm(self.config, seed=self.seed, device="cpu")
         self.remote = self.config.actors.inference == "service"
+        # a local recurrent policy's per-env state (remote: the inference service keeps it)
+        self.memory = (
+            StateSlots(self.algo.initial_state)
+            if not self.remote and getattr(self.algo, "recurrent", False)
+            else None
+        )
         self._request_ids = itertools.count()
         self._answers: dict[int, asyncio.Future[ActionsComputed]] = {}
         self.fragment_version = -1  # oldest policy version that acted in this fragment
@@ -135,6 +142,9 @@ class ActorService(Service):
     async def _act_local(
         self, obs: np.ndarray, rows: range, starts: np.ndarray
     ) -> dict[str, np.ndarray]:
+        if self.memory is not None:
+            env_ids = np.arange(rows.start, rows.stop)
+            return self.memory.act(self.algo, self.name, obs, env_ids, starts, explore=True)
         return self.algo.act(obs, explore=True)  # type: ignore[no-any-return]
 
     async def _act_remote(

@@ -13,7 +13,7 @@ service (actor ``i`` to service ``i % [inference] count``) and wait for
   e.g. a small MLP) runs inline instead;
 * keeps per-env state slots (:class:`~tianji.rl.slots.StateSlots`) for algorithms with
   ``recurrent = True`` (``initial_state(n)``, ``act(obs, explore=..., state=...)``
-  returning ``next_state``);
+  returning ``next_state``), keyed by actor and env, fresh where an episode starts;
 * refuses a malformed request (wrong observation shape or dtype, env ids that do not
   match), counts it and keeps serving everyone else;
 * holds an answer whose actor has no link to it yet (a request can arrive over the

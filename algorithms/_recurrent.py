@@ -1,0 +1,109 @@
+"""A recurrent actor-critic: torso, a GRU core, policy and value heads; unrolled over fragments.
+
+Used by PPO, APPO and IMPALA with ``[algo] core = "gru"``. The hidden state of each env
+lives outside the network, with whoever steps the env (the actor for a local policy, the
+inference service for a remote one, in :class:`tianji.rl.slots.StateSlots`): ``step`` takes
+the state before an observation and returns the state after it. The state each step
+started from is stored in the fragment (``core_state``), so the learner unrolls every
+column from its first step's stored state, resetting it where an episode began inside
+the fragment (truncated backpropagation through time over the fragment's length).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from tianji.algorithms._nets import NatureCNN, flat_dim, mlp
+from torch import nn
+
+__all__ = ["CORES", "RecurrentActorCritic", "episode_starts"]
+
+CORES = ("none", "gru")
+"""What ``[algo] core`` may say: "none" (a feed-forward policy) or "gru"."""
+
+
+def episode_starts(terminated: Any, truncated: Any) -> torch.Tensor:
+    """``[T, M]`` bool: where a new episode begins at step ``t`` inside a fragment, i.e.
+    the previous step ended one. Step 0 is never a start here: the stored state of a
+    fragment's first step is already the fresh one when an episode began there."""
+    done = torch.as_tensor(terminated, dtype=torch.bool) | torch.as_tensor(
+        truncated, dtype=torch.bool
+    )
+    starts = torch.zeros_like(done)
+    starts[1:] = done[:-1]
+    return starts
+
+
+class RecurrentActorCritic(nn.Module):
+    """Observation -> torso -> GRU cell -> (policy head, value head).
+
+    Args:
+        observation_space: a Box; images (uint8) get :class:`NatureCNN`, anything else an
+            MLP over the flattened observation (``hidden`` sizes, tanh).
+        out_dim: the policy head's size (logits, or a Gaussian's mean).
+        hidden: MLP torso sizes (unused for images).
+        core_hidden: the GRU's state size.
+        image: whether the torso is the CNN.
+        continuous: a learned log standard deviation for a Gaussian policy.
+        init_log_std: its initial value.
+    """
+
+    def __init__(
+        self,
+        observation_space: Any,
+        out_dim: int,
+        *,
+        hidden: Sequence[int],
+        core_hidden: int,
+        image: bool,
+        continuous: bool,
+        init_log_std: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.image = image
+        self.state_size = core_hidden
+        if image:
+            self.torso: nn.Module = NatureCNN(observation_space.shape)
+            features = NatureCNN.features
+        else:
+            sizes = tuple(hidden)
+            in_dim = flat_dim(observation_space.shape)
+            torso = mlp(in_dim, sizes[:-1], sizes[-1], activation=nn.Tanh, out_gain=math.sqrt(2))
+            torso.append(nn.Tanh())
+            self.torso, features = torso, sizes[-1]
+        self.core = nn.GRUCell(features, core_hidden)
+        self.actor = mlp(core_hidden, (), out_dim, out_gain=0.01)
+        self.critic = mlp(core_hidden, (), 1, out_gain=1.0)
+        self.log_std = nn.Parameter(torch.full((out_dim,), init_log_std)) if continuous else None
+
+    def step(
+        self, obs: torch.Tensor, state: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One step for a batch: ``(head [B, A], value [B], next state [B, H])``."""
+        h = self.core(self.torso(obs), state)
+        return self.actor(h), self.critic(h).squeeze(-1), h
+
+    def unroll(
+        self, obs: torch.Tensor, state: torch.Tensor, starts: torch.Tensor, chunk: int = 2048
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Run ``[T, M, ...]`` observations from ``state [M, H]``, zeroing the state of a
+        column where ``starts [T, M]`` says an episode begins.
+
+        Returns:
+            ``(heads [T, M, A], values [T, M], states after each step [T, M, H])``.
+        """
+        steps, width = obs.shape[:2]
+        flat = obs.reshape(steps * width, *obs.shape[2:])
+        features = torch.cat([self.torso(flat[i : i + chunk]) for i in range(0, len(flat), chunk)])
+        features = features.view(steps, width, -1)
+        starts = starts.to(features.device)
+        h, after = state, []
+        for t in range(steps):
+            h = torch.where(starts[t, :, None], torch.zeros_like(h), h)
+            h = self.core(features[t], h)
+            after.append(h)
+        states = torch.stack(after)
+        return self.actor(states), self.critic(states).squeeze(-1), states
