@@ -323,6 +323,10 @@ def _check_in_browser(url: str, names: set[str], tmp_path: Path) -> Path:
     assert dots is not None and int(dots.group(1)) > 0, svg.group(0)[:2000]
     assert svg.group(0).count("<circle") == int(dots.group(1))
     assert 'data-series="mean_return"' in svg.group(0)
+    evals = re.search(r'<svg id="plot-eval".*?</svg>', dom, re.S)
+    assert evals is not None, dom[:2000]
+    line = re.search(r'<polyline[^>]*data-series="eval_return" data-points="(\d+)"', evals.group(0))
+    assert line is not None and int(line.group(1)) >= 2, evals.group(0)[:2000]  # the eval curve
     listed = set(re.findall(r'<tr class="service [a-z]+" data-name="([^"]+)"', dom))
     assert listed == names, (listed, names)
     shot = tmp_path / "dashboard.png"
@@ -341,6 +345,7 @@ def _check_in_browser(url: str, names: set[str], tmp_path: Path) -> Path:
 def test_a_training_run_is_watched_over_http_and_in_chromium(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "tianji.cli", "train", str(ROOT / "examples/cartpole_ppo.toml")]
     cmd += ["--dashboard", "127.0.0.1:0", "--target-return", "1e9", "--max-seconds", "120"]
+    cmd += ["--set", "eval.workers=1", "--set", "eval.every_seconds=2", "--set", "eval.episodes=3"]
     proc = subprocess.Popen(
         cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
@@ -363,10 +368,14 @@ def test_a_training_run_is_watched_over_http_and_in_chromium(tmp_path: Path) -> 
             assert second["counters"][key] > first["counters"][key], (key, first, second)
         assert second["state"] == "running" and second["stop_reason"] is None
         names = {s["name"] for s in second["services"]}
-        assert names == {"params-0", "buffer-0", "learner-0", "actor-0", "actor-1", "monitor"}
+        assert names == {
+            "params-0", "buffer-0", "learner-0", "actor-0", "actor-1", "eval-0", "monitor",
+        }  # fmt: skip
         assert all(s["state"] == "running" and s["pid"] > 0 for s in second["services"])
-        rows = _fetch(url + "api/metrics")["rows"]
+        metrics = _wait_for(url + "api/metrics", lambda m: len(m["evaluations"]) >= 2)
+        rows = metrics["rows"]
         assert len(rows) >= 2 and rows[-1]["env_steps"] >= rows[0]["env_steps"]
+        assert metrics["evaluations"][-1]["episodes"] == 3
         prom = _fetch(url + "metrics")
         steps = re.search(r"^tianji_env_steps_total (\S+)$", prom, re.M)
         assert steps is not None and float(steps.group(1)) >= second["counters"]["env_steps"]

@@ -103,6 +103,29 @@ def test_impala_reaches_475_on_cartpole_with_the_lag_allowed_to_grow(tmp_path: P
 
 
 @pytest.mark.slow
+def test_a_gru_policy_learns_the_masked_cartpole_remotely_and_the_run_stops_on_eval(
+    tmp_path: Path,
+) -> None:
+    # the velocities are hidden: an MLP stays near 45 (`tianji bench memory`); the GRU's
+    # state lives in the inference service; an eval worker plays greedy episodes
+    s = _summary(
+        tmp_path,
+        str(EXAMPLES / "masked_cartpole_gru.toml"),
+        *("--set", "actors.inference=service", "--set", "eval.workers=1"),
+        *("--set", "eval.every_seconds=3", "--set", "stop.on=eval", "--target-return", "450"),
+    )
+    assert s["stop_reason"] == "target_return reached (eval)", s
+    assert s["eval_return"] >= 450 and s["eval_policy_version"] > 0, s  # type: ignore[operator]
+    evaluations = s["evaluations"]
+    assert isinstance(evaluations, list) and evaluations[-1]["mean"] == s["eval_return"]
+    versions = [e["policy_version"] for e in evaluations]
+    assert versions == sorted(set(versions))  # one worker: each version once, in order
+    played = s["services"]["eval-0"]["counters"]["eval_episodes"]  # type: ignore[index]
+    assert played >= 10 * len(evaluations)  # (one may end while the run stops)
+    assert s["accounting"]["balanced"], s["accounting"]  # type: ignore[index]
+
+
+@pytest.mark.slow
 def test_dqn_reaches_200_on_cartpole_with_two_actor_processes(tmp_path: Path) -> None:
     # 300 (the example's target) is reached on three hosts in tests/test_deploy_hosts.py
     s = _summary(tmp_path, str(EXAMPLES / "cartpole_dqn.toml"), "--target-return", "200")

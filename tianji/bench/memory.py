@@ -111,7 +111,8 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 }
             )
     for cell in cells:
-        gru, mlp = means.get(("gru", cell["inference"])), means.get(("mlp", cell["inference"]))
+        mode = str(cell["inference"])
+        gru, mlp = means.get(("gru", mode)), means.get(("mlp", mode))
         cell["gru_vs_mlp"] = round(gru / mlp, 2) if gru is not None and mlp else None
     return cells
 
@@ -128,7 +129,8 @@ def markdown(report: dict[str, Any]) -> str:
         "| --- | --- | ---: | ---: | --- | ---: | ---: |",
     ]
     for c in report["cells"]:
-        ret, ratio, sps = c["final_return_mean"], c["gru_vs_mlp"], c["env_steps_per_s_mean"]
+        ret, sps = c["final_return_mean"], c["env_steps_per_s_mean"]
+        ratio = c["gru_vs_mlp"] if c["policy"] == "gru" else None
         seeds = ", ".join(f"{x:.0f}" for x in c["final_returns"])
         lines.append(
             f"| {c['policy']} | {c['inference']} | {c['runs']} "

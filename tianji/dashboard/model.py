@@ -26,6 +26,7 @@ from tianji.services.balancer import (
     dropped_by_reason,
     lag_summary,
 )
+from tianji.services.monitor import newest_evaluation
 
 __all__ = [
     "MetricsHistory",
@@ -68,6 +69,9 @@ class Sample:
     env_steps: int
     episodes: int
     mean_return: float | None
+    eval_return: float | None
+    """Mean return of the newest evaluation (``[eval] workers``), ``None`` before one."""
+    eval_policy_version: int | None
     env_steps_per_s: float
     """Over the interval since the previous sample."""
     learner_updates: int
@@ -107,11 +111,14 @@ def sample(
     if balancer is not None:
         production, consumption = balancer.rates()
     lag = lag_summary(beats)
+    evaluation = newest_evaluation(monitor)
     return Sample(
         t=round(t, 3),
         env_steps=steps,
         episodes=monitor.episodes if monitor is not None else 0,
         mean_return=monitor.mean_return() if monitor is not None else None,
+        eval_return=evaluation["mean"] if evaluation is not None else None,
+        eval_policy_version=evaluation["policy_version"] if evaluation is not None else None,
         env_steps_per_s=round(rate, 1),
         learner_updates=obs.learner_version,
         samples_produced=_total(beats.values(), "actor", "samples_produced"),

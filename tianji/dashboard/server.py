@@ -165,7 +165,9 @@ def make_app(dashboard: Dashboard) -> web.Application:
             after = float(since) if since is not None else None
         except ValueError:
             raise web.HTTPBadRequest(text=f"since={since!r}: expected seconds") from None
-        return web.json_response(dashboard.history.to_json(after), headers=NO_CACHE)
+        body = dashboard.history.to_json(after)
+        body["evaluations"] = list(getattr(dashboard.monitor(), "evaluations", ()))
+        return web.json_response(body, headers=NO_CACHE)
 
     async def prometheus(request: web.Request) -> web.Response:
         body = generate_latest(dashboard.registry)

@@ -215,6 +215,10 @@ class StopConfig:
     """Stop once the mean return of the last ``window`` training episodes reaches this."""
     window: int = 20
     """Episodes in the moving mean for ``target_return`` and ``final_return``."""
+    on: str = "train"
+    """What ``target_return`` is compared with: "train" (the moving mean of the training
+    episodes' returns) or "eval" (the mean return of the newest evaluation; needs
+    ``[eval] workers``)."""
     start_timeout: float = 45.0
     """Seconds after every service joined within which the first env step must arrive;
     otherwise the run stops as failed, naming the links that never came up (a publisher
@@ -223,6 +227,59 @@ class StopConfig:
     def __post_init__(self) -> None:
         if not self.start_timeout >= 0:
             raise ConfigError("stop.start_timeout", self.start_timeout, "a number of seconds >= 0")
+        if self.on not in STOP_ON:
+            raise ConfigError("stop.on", self.on, " | ".join(f'"{x}"' for x in STOP_ON))
+
+
+STOP_ON = ("train", "eval")
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class EvalConfig:
+    """``[eval]``: evaluation workers, which play episodes with the newest weights, apart
+    from training (greedy by default, on the env without training-only shaping, e.g. the
+    Atari preset's episodic lives and reward clipping)."""
+
+    workers: int = 0
+    """Evaluation workers (0: none). Each evaluates on its own schedule, staggered, so more
+    workers evaluate more often."""
+    every_seconds: float = 10.0
+    """A worker evaluates when this many seconds passed since its last evaluation (0: not
+    by time) ..."""
+    every_versions: int = 0
+    """... or when the newest weights are this many policy versions past the ones it last
+    evaluated (0: not by versions). Never twice the same version."""
+    episodes: int = 10
+    """Episodes per evaluation (the same reset seeds every time, so evaluations of
+    different versions compare like with like)."""
+    explore: bool = False
+    """Sample actions as the actors do instead of taking the policy's mode."""
+    env_id: str = ""
+    """Evaluate on this env id instead of ``[env] id`` (wrappers and preset kept)."""
+    env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Keyword arguments for the evaluation env instead of ``[env] kwargs``."""
+
+    def __post_init__(self) -> None:
+        if type(self.workers) is not int or self.workers < 0:
+            raise ConfigError("eval.workers", self.workers, "an integer >= 0")
+        if type(self.episodes) is not int or self.episodes < 1:
+            raise ConfigError("eval.episodes", self.episodes, "a positive integer")
+        if not self.every_seconds >= 0:
+            raise ConfigError("eval.every_seconds", self.every_seconds, "seconds >= 0")
+        if type(self.every_versions) is not int or self.every_versions < 0:
+            raise ConfigError("eval.every_versions", self.every_versions, "an integer >= 0")
+        if self.workers and not self.every_seconds and not self.every_versions:
+            raise ConfigError(
+                "eval.every_seconds", self.every_seconds, "> 0 when every_versions is 0"
+            )
+
+    def env(self, train: EnvConfig) -> EnvConfig:
+        """The evaluation env: ``train`` with the id and kwargs replaced where given."""
+        return dataclasses.replace(
+            train,
+            id=self.env_id or train.id,
+            kwargs=dict(self.env_kwargs) if self.env_kwargs else dict(train.kwargs),
+        )
 
 
 CONTROLLER_MODES = ("relaxed", "sync", "unbalanced")
@@ -301,7 +358,7 @@ class CheckpointConfig:
         return self.every_updates > 0 or self.every_seconds > 0
 
 
-RESTARTABLE_ROLES = ("actor", "inference", "buffer")
+RESTARTABLE_ROLES = ("actor", "inference", "buffer", "eval")
 LEARNER_ON_DEATH = ("stop", "resume")
 BUFFER_ON_RESTART = ("empty", "snapshot")
 
@@ -353,8 +410,10 @@ class RecoveryConfig:
 RUN_DIR_ENV = "TIANJI_RUN_DIR"
 """The environment variable that sets the default ``run_dir``."""
 
-RAY_ROLES = ("actor", "buffer", "learner", "params", "inference")
-RAY_DEFAULT_CPUS = {"actor": 0.5, "learner": 0.5, "buffer": 0.2, "params": 0.1, "inference": 0.2}
+RAY_ROLES = ("actor", "buffer", "learner", "params", "inference", "eval")
+RAY_DEFAULT_CPUS = {
+    "actor": 0.5, "learner": 0.5, "buffer": 0.2, "params": 0.1, "inference": 0.2, "eval": 0.1,
+}  # fmt: skip
 """CPUs per service of each role on Ray: two actors, learner, buffer and params take 1.8,
 so a run of the examples fits a 2-CPU machine (Ray counts reservations, not use)."""
 
@@ -412,6 +471,7 @@ class RunConfig:
     inference: InferenceConfig = dataclasses.field(default_factory=InferenceConfig)
     buffer: BufferConfig = dataclasses.field(default_factory=BufferConfig)
     stop: StopConfig = dataclasses.field(default_factory=StopConfig)
+    eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
     controller: ControllerConfig = dataclasses.field(default_factory=ControllerConfig)
     ray: RayConfig = dataclasses.field(default_factory=RayConfig)
     checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
@@ -433,6 +493,8 @@ class RunConfig:
             raise ConfigError(
                 "buffer.shards", shards, "1 with controller.mode = 'sync' (one round of all actors)"
             )
+        if self.stop.on == "eval" and not self.eval.workers:
+            raise ConfigError("stop.on", self.stop.on, '"train" when eval.workers is 0')
         if self.actors.inference == "service" and self.inference.count > self.actors.count:
             why = f"at most actors.count={self.actors.count} (each serves one actor or more)"
             raise ConfigError("inference.count", self.inference.count, why)

@@ -23,6 +23,7 @@ __all__ = [
     "ComputeActions",
     "ParamsPublished",
     "PauseProduction",
+    "PolicyEvaluated",
     "PrioritiesUpdated",
     "GrantProduction",
     "ResumeProduction",
@@ -116,6 +117,17 @@ class EpisodesFinished(Event):
     returns: np.ndarray
     lengths: np.ndarray
     env_steps: int
+
+
+@event
+class PolicyEvaluated(Event):
+    """Fact: an evaluation worker played ``returns.size`` episodes with the weights of
+    ``policy_version`` (greedy unless ``[eval] explore``), apart from training."""
+
+    worker: str
+    policy_version: int
+    returns: np.ndarray
+    lengths: np.ndarray
 
 
 @event

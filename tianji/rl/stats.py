@@ -24,6 +24,7 @@ __all__ = [
     "BufferStat",
     "DROPPED",
     "Dropped",
+    "EvalStat",
     "InferenceStat",
     "LearnerStat",
     "MonitorStat",
@@ -137,6 +138,23 @@ class InferenceStat:
     """Seconds spent in forward passes."""
     INLINE: Final = "inline"
     """1.0 while forward passes run inline on the event loop (cheaper than a thread hand-off)."""
+
+
+class EvalStat:
+    """What an evaluation worker reports."""
+
+    EVALUATIONS: Final = "evaluations"
+    EPISODES: Final = "eval_episodes"
+    ENV_STEPS: Final = "eval_env_steps"
+    """Env steps of evaluation episodes (not counted as the run's env steps)."""
+    PARAMS_TORN: Final = "params_torn"
+    """Weights overwritten on the params board while they were loaded: not used."""
+    # gauges
+    RETURN: Final = "eval_return"
+    """Mean return of the newest evaluation."""
+    POLICY_VERSION: Final = "eval_policy_version"
+    EVAL_S: Final = "eval_s"
+    """Seconds spent playing evaluation episodes."""
 
 
 class MonitorStat:

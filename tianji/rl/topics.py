@@ -14,6 +14,7 @@ from tianji.rl.events import (
     EpisodesFinished,
     GradientsShared,
     ParamsPublished,
+    PolicyEvaluated,
     PrioritiesUpdated,
     RestoreCheckpoint,
     SampleBatch,
@@ -38,6 +39,7 @@ __all__ = [
     "learner_name",
     "CHECKPOINTS",
     "EPISODES",
+    "EVALUATIONS",
     "RESTORE",
     "LATEST_PARAMS",
     "LEARNER_PARAMS",
@@ -50,6 +52,8 @@ TRAJECTORIES = topic(TrajectoryCollected)
 """Actors -> buffer: trajectory fragments (post-processed by the algorithm)."""
 EPISODES = topic(EpisodesFinished)
 """Actors -> monitor: finished training episodes and env-step counts."""
+EVALUATIONS = topic(PolicyEvaluated)
+"""Evaluation workers -> monitor: the returns of each evaluation."""
 LEARNER_PARAMS = topic(ParamsPublished)
 """Learner -> params service: every new weight version."""
 LATEST_PARAMS = topic(ParamsPublished, "latest")

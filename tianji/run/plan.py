@@ -76,7 +76,7 @@ def bind_addresses(transport: str) -> tuple[str, str]:
 
 def build_specs(config: RunConfig, buffer_spec: dict[str, Any]) -> list[ServiceSpec]:
     """One spec per service: params, buffer shards (``buffer.shards``), learners
-    (``learner.count``), actors."""
+    (``learner.count``), inference services, actors, evaluation workers (``eval.workers``)."""
     bind = bind_addresses(config.transport)[0]
     data = to_dict(config)
     specs = [
@@ -125,6 +125,16 @@ def build_specs(config: RunConfig, buffer_spec: dict[str, Any]) -> list[ServiceS
                 role="actor",
                 factory="tianji.services.actor:ActorService",
                 options={"config": data, "index": i},
+                bind=bind,
+            )
+        )
+    for k in range(config.eval.workers):
+        specs.append(
+            ServiceSpec(
+                name=f"eval-{k}",
+                role="eval",
+                factory="tianji.services.evaluator:EvalService",
+                options={"config": data, "index": k},
                 bind=bind,
             )
         )

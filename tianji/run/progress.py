@@ -26,6 +26,7 @@ from tianji.rl.stats import BufferStat, LearnerStat
 from tianji.runtime.controller import Controller
 from tianji.runtime.events import Heartbeat
 from tianji.services.balancer import accounting, balancer_of
+from tianji.services.monitor import newest_evaluation
 
 __all__ = [
     "LiveDisplay",
@@ -106,6 +107,8 @@ class Snapshot:
     missing: tuple[str, ...]  # services of the run not registered now
     links_down: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
     """Subscriber -> {"publisher address": why it cannot connect} (Controller.failing_links)."""
+    evaluation: dict[str, Any] | None = None
+    """The newest evaluation (``[eval] workers``; see ``TrainMonitor.evaluations``)."""
 
 
 def _role(controller: Controller, role: str) -> list[Heartbeat]:
@@ -222,6 +225,7 @@ def take_snapshot(
         stale=stale,
         missing=missing,
         links_down=controller.failing_links(),
+        evaluation=newest_evaluation(monitor),
     )
 
 
@@ -239,6 +243,8 @@ def plain_line(s: Snapshot) -> str:
         f" | episodes {s.episodes:>5} | return(last {s.window}) {ret}"
         f" | updates {s.updates:>5} | lag {lag} | buffer {s.buffer_size:6.0f}"
     )
+    if s.evaluation is not None:
+        line += f" | eval {s.evaluation['mean']:7.1f} (v{s.evaluation['policy_version']})"
     if s.controller is not None:
         produced, consumed = s.controller["production_per_s"], s.controller["consumption_per_s"]
         paused = len(s.controller["paused_now"])
@@ -282,6 +288,10 @@ def metrics_row(s: Snapshot) -> dict[str, Any]:
         "env_steps_by_actor": s.env_steps_by_actor,
         "episodes": s.episodes,
         "mean_return": s.mean_return,
+        "eval_return": s.evaluation["mean"] if s.evaluation is not None else None,
+        "eval_policy_version": (
+            s.evaluation["policy_version"] if s.evaluation is not None else None
+        ),
         "learner_updates": s.updates,
         "samples_consumed": s.consumed,
         "env_steps_per_s": round(s.env_steps_per_s, 1),
@@ -317,6 +327,9 @@ def scalars(s: Snapshot) -> dict[str, float]:
     }
     if s.mean_return is not None:
         out["return/mean"] = s.mean_return
+    if s.evaluation is not None:
+        out["eval/return"] = s.evaluation["mean"]
+        out["eval/policy_version"] = float(s.evaluation["policy_version"])
     if s.lag is not None:
         out["lag/mean"], out["lag/p95"] = s.lag["mean"], s.lag["p95"]
     out.update({f"learner/{k}": float(v) for k, v in sorted(s.learner.items())})
@@ -342,6 +355,9 @@ def render(s: Snapshot, title: str = "tianji") -> Table:
     table.add_row("episodes", f"{s.episodes:,}")
     table.add_row("updates", f"{s.updates:,} ({s.updates_per_s:,.1f}/s)")
     table.add_row(f"return (last {s.window})", ret)
+    if s.evaluation is not None:
+        e = s.evaluation
+        table.add_row("eval return", f"{e['mean']:.1f} ± {e['std']:.1f} (v{e['policy_version']})")
     table.add_row("policy lag", lag)
     if s.learner.get("lr") == 0.0:
         table.add_row("[red]learning rate[/red]", "0: the policy no longer learns")

@@ -80,6 +80,9 @@ def summarize(
         "samples_consumed": totals["consumed"],
         "samples_dropped": dropped_by_reason(controller.heartbeats),
         "final_return": monitor.mean_return(),  # the mean the stop was decided on
+        "eval_return": monitor.eval_return(),
+        "eval_policy_version": monitor.eval_policy_version(),
+        "evaluations": list(monitor.evaluations),
         "target_return": config.stop.target_return,
         "time_to_target_s": (
             round(monitor.time_to_target, 3) if monitor.time_to_target is not None else None

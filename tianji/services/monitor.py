@@ -20,11 +20,17 @@ from typing import Any
 import numpy as np
 
 from tianji.rl.checkpoint import Checkpoint, prune_checkpoints, replay_file, write_checkpoint
-from tianji.rl.events import CheckpointTaken, EpisodesFinished, RestoreCheckpoint
+from tianji.rl.events import (
+    CheckpointTaken,
+    EpisodesFinished,
+    PolicyEvaluated,
+    RestoreCheckpoint,
+)
 from tianji.rl.stats import MonitorStat
 from tianji.rl.topics import (
     CHECKPOINTS,
     EPISODES,
+    EVALUATIONS,
     RESTORE,
     replay_restore_topic,
     replay_snapshots_topic,
@@ -32,9 +38,16 @@ from tianji.rl.topics import (
 from tianji.runtime.core import Connection
 from tianji.runtime.service import Service
 
-__all__ = ["TrainMonitor"]
+__all__ = ["TrainMonitor", "newest_evaluation"]
 
 log = logging.getLogger(__name__)
+
+
+def newest_evaluation(monitor: object) -> dict[str, Any] | None:
+    """A monitor's newest evaluation (:attr:`TrainMonitor.evaluations`), ``None`` before
+    one, or for a monitor that keeps none (a benchmark's or a test's stand-in)."""
+    evaluations = getattr(monitor, "evaluations", None)
+    return dict(evaluations[-1]) if evaluations else None
 
 
 class TrainMonitor(Service):
@@ -106,7 +119,12 @@ class TrainMonitor(Service):
         self.last_checkpoint: Path | None = None
         self.checkpoint_version = -1  # of the newest checkpoint written
         self._written = asyncio.Event()  # set (and cleared) at every checkpoint written
+        self.evaluations: collections.deque[dict[str, Any]] = collections.deque(maxlen=1000)
+        """The newest evaluations (``[eval] workers``), oldest first: ``policy_version``,
+        ``mean``, ``std``, ``episodes``, ``env_steps`` (of training, when it arrived),
+        ``t`` (seconds into the run) and ``worker``."""
         self.subscribe(EPISODES, self.on_episodes)
+        self.subscribe(EVALUATIONS, self.on_evaluation)
         self.replay_written: dict[str, float] = {}  # buffer -> monotonic time of its last
         if checkpoints is not None:
             self.subscribe(CHECKPOINTS, self.on_checkpoint)
@@ -154,11 +172,43 @@ class TrainMonitor(Service):
         mean = self.mean_return()
         if mean is None or not ev.returns.size:
             return
-        elapsed = time.monotonic() - self.started
-        target = self.stop_config.target_return
         full = len(self.returns) == self.returns.maxlen
-        if target is not None and self.time_to_target is None and full and mean >= target:
-            self.time_to_target = elapsed
+        if self.stop_config.on == "train" and full:
+            self._check_target(mean)
+
+    async def on_evaluation(self, ev: PolicyEvaluated) -> None:
+        returns = np.asarray(ev.returns, np.float64)
+        if not returns.size:
+            return
+        mean = float(returns.mean())
+        self.evaluations.append(
+            {
+                "policy_version": int(ev.policy_version),
+                "mean": mean,
+                "std": float(returns.std()),
+                "episodes": int(returns.size),
+                "env_steps": self.env_steps,
+                "t": round(time.monotonic() - self.started + self.elapsed_before, 3),
+                "worker": ev.worker,
+            }
+        )
+        if self.stop_config.on == "eval":
+            self._check_target(mean)
+
+    def eval_return(self) -> float | None:
+        """Mean return of the newest evaluation (``None`` before one)."""
+        return self.evaluations[-1]["mean"] if self.evaluations else None
+
+    def eval_policy_version(self) -> int | None:
+        """The policy version of the newest evaluation (``None`` before one)."""
+        return self.evaluations[-1]["policy_version"] if self.evaluations else None
+
+    def _check_target(self, mean: float) -> None:
+        """Record the moment the target is reached, by ``mean`` (training's moving mean or
+        an evaluation's, as ``[stop] on`` says)."""
+        target = self.stop_config.target_return
+        if target is not None and self.time_to_target is None and mean >= target:
+            self.time_to_target = time.monotonic() - self.started
             self.target_unix = time.time()
             self.steps_to_target = self.env_steps
 
@@ -277,7 +327,7 @@ class TrainMonitor(Service):
         if self.run_failure is not None:
             return self.run_failure
         if self.time_to_target is not None:
-            return "target_return reached"
+            return "target_return reached" + (" (eval)" if cfg.on == "eval" else "")
         if cfg.max_env_steps is not None and self.env_steps >= cfg.max_env_steps:
             return "max_env_steps reached"
         if cfg.max_seconds is not None and time.monotonic() - self.started >= cfg.max_seconds:

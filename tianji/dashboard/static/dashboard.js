@@ -107,6 +107,11 @@ function drawMetrics(m) {
   linePlot(document.getElementById("plot-rate"), [
     { name: "env_steps_per_s", points: column(m.rows.slice(1), "t", "env_steps_per_s") },
   ], "seconds", true);
+  const evals = (m.evaluations || []).map((e) => [e.policy_version, e.mean]);
+  evals.sort((a, b) => a[0] - b[0]);
+  linePlot(document.getElementById("plot-eval"), [
+    { name: "eval_return", points: evals },
+  ], "policy version", false);
   linePlot(document.getElementById("plot-balance"), [
     { name: "production_per_s", points: column(m.rows, "t", "production_per_s") },
     { name: "consumption_per_s", points: column(m.rows, "t", "consumption_per_s") },
@@ -115,6 +120,7 @@ function drawMetrics(m) {
 
 const COUNTERS = [
   ["env_steps", "env steps"], ["episodes", "episodes"], ["mean_return", "mean return"],
+  ["eval_return", "eval return"],
   ["learner_updates", "learner updates"], ["samples_produced", "samples produced"],
   ["samples_consumed", "samples consumed"], ["lag_mean", "mean lag"],
 ];
