@@ -251,19 +251,27 @@ def test_a_killed_replay_buffer_restarts_from_its_snapshot(tmp_path: Path) -> No
 
 
 @pytest.mark.slow
-def test_a_silent_actor_is_declared_dead_killed_and_restarted(tmp_path: Path) -> None:
+def test_a_silent_actor_and_a_killed_eval_worker_are_restarted(tmp_path: Path) -> None:
     """SIGSTOP: the process lives but sends nothing; after ``missed_heartbeats`` heartbeat
-    intervals the launcher kills it and starts a new one."""
-    silent = ("--set", "recovery.missed_heartbeats=3")
+    intervals the launcher kills it and starts a new one. An evaluation worker killed with
+    SIGKILL comes back like an actor and evaluates again."""
+    silent = ("--set", "recovery.missed_heartbeats=3", "--set", "eval.workers=1")
+    silent += ("--set", "eval.every_seconds=1", "--set", "eval.episodes=2")
     with training(tmp_path, "--target-return", "1e9", "--max-seconds", "60", *silent) as run:
-        status = run.wait_for(lambda s: s["counters"]["episodes"] > 10, timeout=120)
+        status = run.wait_for(
+            lambda s: s["counters"]["episodes"] > 10 and _service(s, "eval-0")["pid"], timeout=120
+        )
         try:
             _, took = run.kill_and_await_restart(status, "actor-0", signal.SIGSTOP)
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(_service(status, "actor-0")["pid"], signal.SIGKILL)
+        run.kill_and_await_restart(run.status(), "eval-0")
+        before = run.status()["counters"]["eval_policy_version"]
+        run.wait_for(lambda s: s["counters"]["eval_policy_version"] > before, timeout=30)
         run.proc.send_signal(signal.SIGTERM)  # a clean stop
         code, out, summary = run.finish(timeout=60)
     assert 3 <= took < 15, f"restarted {took:.1f} s after it went silent"
     assert "actor-0 declared dead: no heartbeat for" in out, out[-3000:]
-    assert code == 0 and summary["restarts"] == {"actor-0": 1}
+    assert code == 0 and summary["restarts"] == {"actor-0": 1, "eval-0": 1}
+    assert summary["services"]["eval-0"]["counters"]["evaluations"] >= 1  # the new incarnation
