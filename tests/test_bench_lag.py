@@ -47,3 +47,26 @@ def test_a_missed_target_counts_as_slower_than_any_hit() -> None:
     assert one["reached"] == 3 and one["time_to_target_median_s"] == 11.0
     assert eight["reached"] == 1 and eight["time_to_target_median_s"] is None
     assert eight["vs_smallest_lag"] is None and eight["policy_lag_mean"] == 5.0
+
+
+def test_on_acrobot_the_runs_are_the_cartpole_runs_with_the_env_and_target_changed() -> None:
+    cartpole = lag_config("appo", 4, 1, 90.0, 100.0)
+    acrobot = lag_config("appo", 4, 1, 90.0, 100.0, env="acrobot")
+    assert acrobot["env"] == {**cartpole["env"], "id": "Acrobot-v1"}
+    assert acrobot["stop"] == {"target_return": -80.0, "max_seconds": 90.0}
+    rest = {k: v for k, v in acrobot.items() if k not in ("env", "stop")}
+    assert rest == {k: v for k, v in cartpole.items() if k not in ("env", "stop")}
+    with pytest.raises(KeyError):
+        lag_config("ppo", 1, 0, 60.0, env="pong")
+
+
+def test_the_summary_keeps_each_env_apart() -> None:
+    rows = [
+        {"env": env, "algorithm": "ppo", "lag_target": lag, "seed": 0,
+         "launch_to_target_s": t, "policy_lag_mean": float(lag)}
+        for env, lag, t in [("cartpole", 1, 10.0), ("cartpole", 8, 20.0),
+                            ("acrobot", 1, 5.0), ("acrobot", 8, 6.0)]
+    ]  # fmt: skip
+    cells = {(c["env"], c["lag_target"]): c for c in summarize(rows)}
+    assert cells["cartpole", 8]["vs_smallest_lag"] == 2.0
+    assert cells["acrobot", 8]["vs_smallest_lag"] == 1.2

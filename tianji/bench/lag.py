@@ -1,16 +1,17 @@
-"""``tianji bench lag``: how much policy lag an algorithm tolerates, on CartPole-v1.
+"""``tianji bench lag``: how much policy lag an algorithm tolerates, on CartPole-v1 and Acrobot-v1.
 
 Each run is the PPO benchmark run of ``tianji bench train`` (``examples/cartpole_ppo.toml``:
-2 actor processes, relaxed mode) with the controller's ``lag_target`` set to L (and the
+2 actor processes, relaxed mode; on Acrobot-v1 the same settings, target -80, see
+:data:`ENVS`) with the controller's ``lag_target`` set to L (and the
 learner's ``max_policy_lag`` to L + 1, so nothing the controller allowed is dropped), for
 three algorithms: ``ppo`` (plain PPO: the clipped ratio is its only correction),
 ``appo`` (the same with ``vtrace = true``: V-trace targets and advantages) and ``impala``
 (``examples/cartpole_impala.toml``'s settings); the rollout buffer holds ``lag + 2``
 batches, since the controller never grants more fragments than it holds. Every
-(algorithm, lag, seed) run is a fresh process; the report gives per (algorithm, lag) how
-many seeds reached 475, the median time to target from launch (a miss counts as
-infinite), the measured mean policy lag and the ratio of the median time to the same
-algorithm's at the smallest lag.
+(env, algorithm, lag, seed) run is a fresh process; the report gives per (env, algorithm,
+lag) how many seeds reached the target, the median time to target from launch (a miss
+counts as infinite), the measured mean policy lag and the ratio of the median time to the
+same algorithm's at the smallest lag on that env.
 
 Goal (issue 21): with lag 8, APPO reaches the target in every seed within 1.3x its lag-1
 time.
@@ -47,13 +48,25 @@ IMPALA_ALGO: dict[str, Any] = {
 
 ALGOS = ("ppo", "appo", "impala")
 
+ENVS: dict[str, tuple[str, float]] = {
+    "cartpole": ("CartPole-v1", TARGETS["ppo"]),
+    "acrobot": ("Acrobot-v1", -80.0),
+}
+"""``--envs`` names: (gymnasium id, target mean return). Acrobot-v1's -80 is near what a
+solved policy scores (-60 to -80); the example's settings reach it in 7-11 s here."""
+
 
 def lag_config(
-    algo: str, lag: int, seed: int, max_seconds: float, update_ms: float = 0.0
+    algo: str,
+    lag: int,
+    seed: int,
+    max_seconds: float,
+    update_ms: float = 0.0,
+    env: str = "cartpole",
 ) -> dict[str, Any]:
     """The run config (as data) of one run; ``update_ms``: every learner update waits that
     much longer (:mod:`tianji.bench.algos`), so the actors outrun the learner and the lag
-    reaches its target."""
+    reaches its target; ``env``: a key of :data:`ENVS`."""
     data: dict[str, Any] = json.loads(json.dumps(CONFIGS["ppo"]))
     if algo == "appo":
         data["algo"]["vtrace"] = True
@@ -74,16 +87,20 @@ def lag_config(
     needed = data["algo"].get("fragments_per_batch", 1) * (lag + 2)
     if needed > data["algo"].get("buffer_capacity", 8):  # 8: PPO's default
         data["algo"]["buffer_capacity"] = needed
-    data["stop"] = {"target_return": TARGETS["ppo"], "max_seconds": max_seconds}
+    env_id, target = ENVS[env]
+    data["env"]["id"] = env_id
+    data["stop"] = {"target_return": target, "max_seconds": max_seconds}
     return data
 
 
-def _run(algo: str, lag: int, seed: int, max_seconds: float, update_ms: float) -> dict[str, Any]:
+def _run(
+    env: str, algo: str, lag: int, seed: int, max_seconds: float, update_ms: float
+) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "tianji.bench.train", "--worker"]
     launched = time.time()
-    config = lag_config(algo, lag, seed, max_seconds, update_ms)
+    config = lag_config(algo, lag, seed, max_seconds, update_ms, env)
     run = run_json_child(cmd, json.dumps(config), max_seconds + 120, tail=5)
-    row: dict[str, Any] = {"algorithm": algo, "lag_target": lag, "seed": seed}
+    row: dict[str, Any] = {"env": env, "algorithm": algo, "lag_target": lag, "seed": seed}
     if run.result is None:
         return {**row, "error": run.error}
     result = run.result
@@ -100,14 +117,16 @@ def _run(algo: str, lag: int, seed: int, max_seconds: float, update_ms: float) -
 
 
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (algorithm, lag): reached, median time (misses as infinite), lag, vs the
-    algorithm's smallest lag."""
+    """Per (env, algorithm, lag): reached, median time (misses as infinite), lag, vs the
+    algorithm's smallest lag on the env (rows without ``env`` are CartPole's)."""
     cells = []
-    for algo in dict.fromkeys(r["algorithm"] for r in rows):
-        lags = sorted({r["lag_target"] for r in rows if r["algorithm"] == algo})
+    pairs = dict.fromkeys((r.get("env", "cartpole"), r["algorithm"]) for r in rows)
+    for env, algo in pairs:
+        mine = [r for r in rows if r.get("env", "cartpole") == env and r["algorithm"] == algo]
+        lags = sorted({r["lag_target"] for r in mine})
         base: float | None = None
         for lag in lags:
-            runs = [r for r in rows if r["algorithm"] == algo and r["lag_target"] == lag]
+            runs = [r for r in mine if r["lag_target"] == lag]
             times = [r.get("launch_to_target_s") for r in runs]
             censored = sorted(t if t is not None else float("inf") for t in times)
             median = statistics.median(censored) if censored else float("inf")
@@ -117,6 +136,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             lag_means = [r["policy_lag_mean"] for r in runs if r.get("policy_lag_mean") is not None]
             cells.append(
                 {
+                    "env": env,
                     "algorithm": algo,
                     "lag_target": lag,
                     "runs": len(runs),
@@ -132,16 +152,18 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def markdown(report: dict[str, Any]) -> str:
     lines = [
-        "| algorithm | lag_target | reached | time to 475, median s | vs smallest lag "
-        "| measured policy lag (mean) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        "| env (target) | algorithm | lag_target | reached | time to target, median s "
+        "| vs smallest lag | measured policy lag (mean) |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for c in report["cells"]:
         t = c["time_to_target_median_s"]
         ratio = c["vs_smallest_lag"]
         lag = c["policy_lag_mean"]
+        env_id, target = ENVS[c["env"]]
         lines.append(
-            f"| {c['algorithm']} | {c['lag_target']} | {c['reached']}/{c['runs']} "
+            f"| {env_id} ({target:g}) | {c['algorithm']} | {c['lag_target']} "
+            f"| {c['reached']}/{c['runs']} "
             f"| {'—' if t is None else f'{t:.1f}'} | {'—' if ratio is None else f'{ratio:.2f}'} "
             f"| {'—' if lag is None else f'{lag:.2f}'} |"
         )
@@ -150,7 +172,7 @@ def markdown(report: dict[str, Any]) -> str:
     slow = f", every update {delay:g} ms longer" if delay else ""
     lines += [
         "",
-        f"CartPole-v1, 2 actor processes{slow}; machine: {m['cpus']} CPUs ({m['cpu']}), torch "
+        f"2 actor processes{slow}; machine: {m['cpus']} CPUs ({m['cpu']}), torch "
         f"{m['torch']}; seeds {report['seeds']}, budget {report['max_seconds']:.0f} s per run; "
         f"command: `{report['command']}`.",
     ]
@@ -163,17 +185,19 @@ def run_lag_bench(
     seeds: tuple[int, ...],
     max_seconds: float,
     update_ms: float = 0.0,
+    envs: tuple[str, ...] = ("cartpole",),
 ) -> dict[str, Any]:
     """Every run, interleaved seed by seed, with a progress line each."""
-    plan = [(seed, algo, lag) for seed in seeds for algo in algos for lag in lags]
+    plan = [(s, e, a, lag) for s in seeds for e in envs for a in algos for lag in lags]
     rows = []
     started = time.monotonic()
-    for i, (seed, algo, lag) in enumerate(plan, 1):
-        print(f"[{i}/{len(plan)}] {algo} lag {lag} seed {seed} ...", file=sys.stderr, flush=True)
-        row = _run(algo, lag, seed, max_seconds, update_ms)
+    for i, (seed, env, algo, lag) in enumerate(plan, 1):
+        print(f"[{i}/{len(plan)}] {env} {algo} lag {lag} seed {seed} ...", file=sys.stderr,
+              flush=True)  # fmt: skip
+        row = _run(env, algo, lag, seed, max_seconds, update_ms)
         rows.append(row)
         t = row.get("launch_to_target_s")
-        what = row.get("error") or (f"{t:.1f} s to 475" if t else "target missed")
+        what = row.get("error") or (f"{t:.1f} s to the target" if t else "target missed")
         print(f"    {what} [{time.monotonic() - started:.0f} s so far]", file=sys.stderr,
               flush=True)  # fmt: skip
     return {
@@ -191,12 +215,13 @@ def add_parser(bench: Any) -> None:
     """Add ``tianji bench lag`` to the ``bench`` subparsers."""
     b = bench.add_parser(
         "lag",
-        help="policy-lag tolerance on CartPole-v1: PPO, APPO (V-trace) and IMPALA at "
-        "lag_target 1, 2, 4, 8",
+        help="policy-lag tolerance on CartPole-v1 and Acrobot-v1: PPO, APPO (V-trace) and "
+        "IMPALA at lag_target 1, 2, 4, 8",
         description=(__doc__ or "").split("\n\n")[1],
     )
     b.add_argument("--algos", default=",".join(ALGOS), help=f"comma-separated subset of {ALGOS}")
     b.add_argument("--lags", default="1,2,4,8", help="comma-separated lag targets (1,2,4,8)")
+    b.add_argument("--envs", default="cartpole", help=f"comma-separated subset of {tuple(ENVS)}")
     b.add_argument("--seeds", default="3", help="N (0..N-1), A-B or A,B,C (default 3)")
     b.add_argument("--max-seconds", type=float, default=120.0, help="budget per run (120)")
     b.add_argument(
@@ -229,6 +254,10 @@ def _cmd(args: Any) -> int:
         raise ConfigError("--max-seconds", args.max_seconds, "a positive number of seconds")
     if args.update_ms < 0:
         raise ConfigError("--update-ms", args.update_ms, "a number of milliseconds >= 0")
+    envs = tuple(e for e in args.envs.split(",") if e)
+    for e in envs or ("",):
+        if e not in ENVS:
+            raise ConfigError("--envs", e, " | ".join(ENVS))
     seeds = parse_seeds(args.seeds)
-    report = run_lag_bench(algos, lags, seeds, args.max_seconds, args.update_ms)
+    report = run_lag_bench(algos, lags, seeds, args.max_seconds, args.update_ms, envs)
     return finish_report(report, markdown(report), "lag", args.out, args.json)
