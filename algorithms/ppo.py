@@ -125,10 +125,14 @@ class PPOConfig:
     vtrace: bool = False
     """APPO: value targets and advantages by V-trace (``algorithms/_vtrace.py``) instead of
     GAE, correcting for the lag between the policy that acted (its ``logp`` in the
-    fragment) and the learner's; the trace decay is ``gae_lambda``. The clipped ratio is
-    then taken to the learner's policy before the update (a trust region around it), not
-    to the acting one. Use it when the controller lets the lag grow (``[controller]
-    lag_target`` above 1)."""
+    fragment) and the learner's; the trace decay is ``gae_lambda``. Use it when the
+    controller lets the lag grow (``[controller] lag_target`` above 1)."""
+    vtrace_reference: str = "behaviour"
+    """With ``vtrace``: the policy the clipped ratio is taken to. "behaviour": the one that
+    acted (its ``logp``; as Sample Factory's APPO), a trust region around the data;
+    "learner": the learner's own before the update (as IMPACT's target policy), a trust
+    region around the learner, the lag corrected by V-trace's ``min(rho_bar, pi/mu)`` in
+    the advantages only. ``docs/benchmarks.md`` ("Policy lag") measures both."""
     vtrace_rho_bar: float = 1.0
     """V-trace's truncation of the importance weights in the targets and the advantages."""
     vtrace_c_bar: float = 1.0
@@ -164,6 +168,10 @@ class PPOConfig:
         for key in ("gamma", "gae_lambda", "lr_floor"):
             if not 0.0 <= getattr(self, key) <= 1.0:
                 raise ConfigError(f"algorithm.{key}", getattr(self, key), "a number in [0, 1]")
+        if self.vtrace_reference not in ("behaviour", "learner"):
+            raise ConfigError(
+                "algorithm.vtrace_reference", self.vtrace_reference, '"behaviour" or "learner"'
+            )
         for key in ("vtrace_rho_bar", "vtrace_c_bar"):
             if not getattr(self, key) > 0:
                 raise ConfigError(f"algorithm.{key}", getattr(self, key), "a number > 0")
@@ -604,12 +612,11 @@ class PPO:
         def tensor(x: np.ndarray) -> torch.Tensor:
             return torch.as_tensor(_flat(x), dtype=torch.float32, device=dev)
 
-        # The surrogate's reference policy: the one that acted (PPO), or with V-trace the
-        # learner's own before this update (APPO): V-trace's advantages already carry the
-        # correction to the acting policy (min(rho_bar, pi/mu)), and a ratio to a policy
-        # `lag` versions old would sit outside the clip range for most samples, so their
-        # gradients would be cut (measured: 2.6x the lag-1 time at lag 8 on Acrobot-v1).
-        reference = tensor(batch["logp"]) if logp is None or not c.vtrace else logp.float()
+        # The clipped ratio's reference policy (vtrace_reference): the one that acted, or
+        # with V-trace the learner's own before this update (its advantages then carry the
+        # correction to the acting policy, min(rho_bar, pi/mu)).
+        learner_ref = c.vtrace and c.vtrace_reference == "learner" and logp is not None
+        reference = logp.float() if learner_ref and logp is not None else tensor(batch["logp"])
         return {
             "obs": obs,
             "action": action,

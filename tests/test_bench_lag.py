@@ -70,3 +70,8 @@ def test_the_summary_keeps_each_env_apart() -> None:
     cells = {(c["env"], c["lag_target"]): c for c in summarize(rows)}
     assert cells["cartpole", 8]["vs_smallest_lag"] == 2.0
     assert cells["acrobot", 8]["vs_smallest_lag"] == 1.2
+
+
+def test_appo_learner_differs_from_appo_in_the_ratio_reference_only() -> None:
+    appo, learner = lag_config("appo", 4, 0, 60.0), lag_config("appo-learner", 4, 0, 60.0)
+    assert learner["algo"] == {**appo["algo"], "vtrace_reference": "learner"}

@@ -202,3 +202,31 @@ def test_the_learner_says_once_when_the_learning_rate_reached_zero(caplog) -> No
         r.getMessage() for r in caplog.records if "learning rate reached 0" in r.getMessage()
     ]
     assert len(warnings) == 1 and "update 200" in warnings[0] and "lr_floor" in warnings[0]
+
+
+@pytest.mark.parametrize("reference", ["behaviour", "learner"])
+def test_appo_clips_its_ratio_around_the_configured_reference(reference: str) -> None:
+    env = gym.make("CartPole-v1")
+    config = PPO.Config(vtrace=True, vtrace_reference=reference)
+    algo = PPO(config, env.observation_space, env.action_space, device="cpu")
+    rng = np.random.default_rng(1)
+    obs = rng.normal(size=(8, 3, 4)).astype(np.float32)
+    out = algo.act(obs.reshape(-1, 4), explore=True)
+    batch = {k: v.reshape(8, 3, *v.shape[1:]) for k, v in out.items()}
+    batch["logp"] = batch["logp"] - 0.5  # as if an older policy had acted
+    batch.update(
+        obs=obs,
+        next_obs=rng.normal(size=(8, 3, 4)).astype(np.float32),
+        reward=np.ones((8, 3), np.float32),
+        terminated=np.zeros((8, 3), bool),
+        truncated=np.zeros((8, 3), bool),
+    )
+    flat = algo._prepare(batch)
+    learner = out["logp"].reshape(-1)  # the learner's own log-probabilities now
+    expected = learner if reference == "learner" else batch["logp"].reshape(-1)
+    np.testing.assert_allclose(flat["old_logp"].numpy(), expected, atol=1e-5)
+
+
+def test_an_unknown_ratio_reference_is_refused_by_name() -> None:
+    with pytest.raises(ConfigError, match="vtrace_reference"):
+        PPO.Config(vtrace=True, vtrace_reference="target")

@@ -190,11 +190,15 @@ def test_a_killed_learner_without_resume_stops_the_run_with_a_clear_message(
         status = run.wait_for(lambda s: s["counters"]["learner_updates"] >= 3, timeout=120)
         os.kill(_service(status, "learner-0")["pid"], signal.SIGKILL)
         killed = time.monotonic()
-        code, out, _ = run.finish(timeout=60)
+        code, out, summary = run.finish(timeout=60)
         took = time.monotonic() - killed
     assert code != 0
     assert "learner-0" in out and "exited with code -9" in out, out[-3000:]
     assert took < 10, f"{took:.1f} s to stop after the learner died"
+    # the failed run can be read afterwards: its summary names the failure, with the counts
+    assert "learner-0" in summary["stop_reason"], summary.get("stop_reason")
+    assert summary["learner_updates"] >= 3 and summary["env_steps"] > 0
+    assert summary["accounting"]["balanced"], summary["accounting"]
 
 
 @pytest.mark.slow
@@ -251,10 +255,13 @@ def test_a_killed_replay_buffer_restarts_from_its_snapshot(tmp_path: Path) -> No
 
 
 @pytest.mark.slow
-def test_a_silent_actor_and_a_killed_eval_worker_are_restarted(tmp_path: Path) -> None:
+def test_a_silent_actor_the_params_service_and_an_eval_worker_are_restarted(
+    tmp_path: Path,
+) -> None:
     """SIGSTOP: the process lives but sends nothing; after ``missed_heartbeats`` heartbeat
-    intervals the launcher kills it and starts a new one. An evaluation worker killed with
-    SIGKILL comes back like an actor and evaluates again."""
+    intervals the launcher kills it and starts a new one. The parameter service and an
+    evaluation worker killed with SIGKILL come back too: the new parameter service gets the
+    newest weights from the learner, and newer versions reach the new eval worker."""
     silent = ("--set", "recovery.missed_heartbeats=3", "--set", "eval.workers=1")
     silent += ("--set", "eval.every_seconds=1", "--set", "eval.episodes=2")
     with training(tmp_path, "--target-return", "1e9", "--max-seconds", "60", *silent) as run:
@@ -266,12 +273,21 @@ def test_a_silent_actor_and_a_killed_eval_worker_are_restarted(tmp_path: Path) -
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(_service(status, "actor-0")["pid"], signal.SIGKILL)
+        run.kill_and_await_restart(run.status(), "params-0")
         run.kill_and_await_restart(run.status(), "eval-0")
-        before = run.status()["counters"]["eval_policy_version"]
-        run.wait_for(lambda s: s["counters"]["eval_policy_version"] > before, timeout=30)
+        before = run.status()["counters"]
+        run.wait_for(
+            lambda s: (
+                s["counters"]["eval_policy_version"] > before["eval_policy_version"]
+                and s["counters"]["learner_updates"] > before["learner_updates"]
+            ),
+            timeout=30,
+        )
         run.proc.send_signal(signal.SIGTERM)  # a clean stop
         code, out, summary = run.finish(timeout=60)
     assert 3 <= took < 15, f"restarted {took:.1f} s after it went silent"
     assert "actor-0 declared dead: no heartbeat for" in out, out[-3000:]
-    assert code == 0 and summary["restarts"] == {"actor-0": 1, "eval-0": 1}
+    assert code == 0 and summary["restarts"] == {"actor-0": 1, "params-0": 1, "eval-0": 1}
     assert summary["services"]["eval-0"]["counters"]["evaluations"] >= 1  # the new incarnation
+    assert summary["services"]["learner-0"]["counters"]["params_resent"] >= 1
+    assert summary["accounting"]["balanced"], summary["accounting"]

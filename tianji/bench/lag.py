@@ -46,7 +46,9 @@ IMPALA_ALGO: dict[str, Any] = {
 }
 """``[algo]`` of ``examples/cartpole_impala.toml`` (a test keeps them equal)."""
 
-ALGOS = ("ppo", "appo", "impala")
+ALGOS = ("ppo", "appo", "appo-learner", "impala")
+"""``appo``: PPO with V-trace, the ratio clipped around the acting policy; ``appo-learner``:
+the same clipped around the learner's policy (``vtrace_reference = "learner"``)."""
 
 ENVS: dict[str, tuple[str, float]] = {
     "cartpole": ("CartPole-v1", TARGETS["ppo"]),
@@ -68,8 +70,10 @@ def lag_config(
     much longer (:mod:`tianji.bench.algos`), so the actors outrun the learner and the lag
     reaches its target; ``env``: a key of :data:`ENVS`."""
     data: dict[str, Any] = json.loads(json.dumps(CONFIGS["ppo"]))
-    if algo == "appo":
+    if algo in ("appo", "appo-learner"):
         data["algo"]["vtrace"] = True
+        if algo == "appo-learner":
+            data["algo"]["vtrace_reference"] = "learner"
     elif algo == "impala":
         data["algorithm"] = "impala"
         data["algo"] = dict(IMPALA_ALGO)

@@ -358,7 +358,7 @@ class CheckpointConfig:
         return self.every_updates > 0 or self.every_seconds > 0
 
 
-RESTARTABLE_ROLES = ("actor", "inference", "buffer", "eval")
+RESTARTABLE_ROLES = ("actor", "inference", "buffer", "eval", "params")
 LEARNER_ON_DEATH = ("stop", "resume")
 BUFFER_ON_RESTART = ("empty", "snapshot")
 

@@ -4,7 +4,8 @@ The launcher (:class:`~tianji.launch.base.Launcher`) notices a death — the pro
 or a registered service missed ``missed_heartbeats`` heartbeats and was killed — and asks
 the :class:`~tianji.launch.base.RestartPolicy` built here whether and how to start it again:
 
-* **actors, inference, buffers** restart up to ``restarts[role]`` times each, after
+* **actors, inference, buffers, evaluation workers and the parameter service** restart up
+  to ``restarts[role]`` times each, after
   ``backoff * 2**k`` seconds. A restarted actor gets the current weights from the parameter
   service on subscription; a restarted replay buffer starts empty or from its newest replay
   snapshot (``buffer = "snapshot"``). What the dead incarnation held is counted as
@@ -14,7 +15,12 @@ the :class:`~tianji.launch.base.RestartPolicy` built here whether and how to sta
   non-zero naming it) or restarts from the newest checkpoint (``learner = "resume"``); its
   policy version continues from the highest one the run reached, so actors and the
   parameter service accept its weights.
-* **the parameter service** is never restarted (its death ends the run).
+* **the parameter service**'s state is the newest weights: the learner sends them to a new
+  incarnation the moment it subscribes (``params_resent``), and the actors' links move to
+  it through the controller.
+
+A run that fails still writes its summary (``stop_reason`` naming the failure, the counts
+and accounting of that moment) and its last metrics row (:func:`tianji.run.train.train`).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from tianji.launch.base import Launcher
 from tianji.launch.local import LocalLauncher
 from tianji.rl.config import RunConfig
 from tianji.run.plan import RunPlan, bind_addresses
-from tianji.runtime.errors import ConfigError
+from tianji.runtime.errors import ConfigError, ServiceFailed
 
 __all__ = ["run_token", "train"]
 
@@ -49,17 +49,41 @@ def train(
     Raises:
         ConfigError: before any process starts, for any bad setting.
         CheckpointError: when ``resume`` holds no usable checkpoint.
-        ServiceFailed: if a service process fails.
+        ServiceFailed: if a service process fails (after the summary, with the failure
+            as its ``stop_reason``, and the last metrics row were written).
     """
     plan = RunPlan.build(config, out, metrics_path, resume)
     plan.dashboard = dashboard
     launcher = _launcher(backend, plan)
     with plan.recording():
         started = time.monotonic()
-        with run_token():
-            reason = launch_plan(plan, launcher).reason
+        try:
+            with run_token():
+                reason = launch_plan(plan, launcher).reason
+        except ServiceFailed as failure:
+            wall = time.monotonic() - started
+            _finish_failed(plan, launcher, failure, wall, summary_path, backend)
+            raise
         wall = time.monotonic() - started
         return plan.finish(launcher.controller, reason, wall, summary_path, backend)
+
+
+def _finish_failed(
+    plan: RunPlan,
+    launcher: Launcher,
+    failure: ServiceFailed,
+    wall: float,
+    summary_path: str | None,
+    backend: str,
+) -> None:
+    """A failed run still leaves its record: the last metrics row and the summary, whose
+    ``stop_reason`` names the failure and whose counters and accounting are those of the
+    moment it failed (nothing is written when it failed before the monitor existed)."""
+    if plan.monitor is None:
+        return
+    plan.monitor.fail_run(str(failure))
+    with contextlib.suppress(ServiceFailed):  # finish raises it again after writing
+        plan.finish(launcher.controller, str(failure), wall, summary_path, backend)
 
 
 def _launcher(backend: str, plan: RunPlan) -> Launcher:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -57,6 +58,7 @@ from tianji.rl.topics import (
     priorities_topic,
     shards_of_learner,
 )
+from tianji.runtime.core import Connection
 from tianji.runtime.errors import ConfigError, SyncFailed, TianjiError
 from tianji.runtime.events import Event
 from tianji.runtime.service import Service
@@ -119,6 +121,7 @@ class LearnerService(Service):
         )
         self.allreduce = self._make_allreduce(name, index, count)
         self.version = 0
+        self._published: ParamsPublished | None = None  # the newest weights published
         self.on_policy = self.algo.buffer_spec().kind == "rollout"
         self.bound_lag = self.on_policy and self.config.controller.mode != "unbalanced"
         # Sync off-policy (the synchronous baseline): actors collect one fragment, the
@@ -335,10 +338,16 @@ class LearnerService(Service):
         if self.gauges.get(LearnerStat.PARAMS_VERSION) == float(self.version):
             return  # published already
         weights = self.algo.get_weights()
-        await self.publish(
-            ParamsPublished(policy_version=self.version, weights=weights), LEARNER_PARAMS
-        )
+        self._published = ParamsPublished(policy_version=self.version, weights=weights)
+        await self.publish(self._published, LEARNER_PARAMS)
         self.gauges[LearnerStat.PARAMS_VERSION] = float(self.version)  # the controller grants on it
+
+    async def on_subscribed(self, conn: Connection, topics: Sequence[str]) -> None:
+        """A parameter service that subscribes after weights were published (it restarted)
+        gets the newest ones at once: they are its whole state."""
+        if LEARNER_PARAMS in topics and self._published is not None:
+            await self.send_to_subscriber(conn, self._published, LEARNER_PARAMS)
+            self.counters["params_resent"] += 1
 
     async def main(self) -> None:
         import torch
