@@ -56,7 +56,8 @@ def test_recovery_settings_are_checked_naming_the_key() -> None:
     with pytest.raises(ConfigError, match=r"recovery\.learner"):
         load_config(PPO, ['recovery.learner="resume"', "checkpoint.every_seconds=0"])
     assert RecoveryConfig(restarts={"actor": 5}).budget("actor") == 5
-    assert RecoveryConfig().budget("buffer") == 3 and RecoveryConfig().budget("params") == 0
+    assert RecoveryConfig().budget("buffer") == 3 and RecoveryConfig().budget("params") == 3
+    assert RecoveryConfig().budget("learner") == 0  # a learner dies or resumes: [recovery] learner
     assert ServiceSpec(name="actor-12", factory="m:f").role == "actor"
     assert ServiceSpec(name="learner-0", factory="m:f", role="learner").role == "learner"
     assert ServiceSpec(name="my-probe-0", factory="m:f", role="producer").role == "producer"
