@@ -205,7 +205,7 @@ def test_a_killed_learner_without_resume_stops_the_run_with_a_clear_message(
 @pytest.mark.slow
 def test_a_killed_learner_with_resume_continues_from_its_checkpoint(tmp_path: Path) -> None:
     resume = ("--set", 'recovery.learner="resume"', "--set", "checkpoint.every_updates=5")
-    with training(tmp_path, "--target-return", "200", "--max-seconds", "240", *resume) as run:
+    with training(tmp_path, "--target-return", "400", "--max-seconds", "240", *resume) as run:
         status = run.wait_for(
             lambda s: (s["checkpoint"] or {}).get("policy_version", 0) >= 10, timeout=120
         )
