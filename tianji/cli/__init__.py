@@ -108,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds per (transport, payload) cell, after a short warm-up (default 1)",
     )
     b.set_defaults(func=_cmd_bench_transport)
-    from tianji.bench import lag, memory, scale_report, throughput_report
+    from tianji.bench import chaos, lag, memory, scale_report, throughput_report
     from tianji.bench import train as bench_train
 
     bench_train.add_parser(bench)
@@ -116,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     scale_report.add_parser(bench)
     lag.add_parser(bench)
     memory.add_parser(bench)
+    chaos.add_parser(bench)
     return parser
 
 
