@@ -170,20 +170,6 @@ def training(tmp_path: Path, *args: str, config: Path = PPO) -> Iterator[Run]:
 
 
 @pytest.mark.slow
-def test_a_killed_actor_is_restarted_and_the_run_reaches_its_target(tmp_path: Path) -> None:
-    with training(tmp_path, "--target-return", "300", "--max-seconds", "240") as run:
-        status = run.wait_for(lambda s: s["counters"]["episodes"] > 20, timeout=120)
-        run.kill_and_await_restart(status, "actor-1")
-        code, out, summary = run.finish()
-    assert code == 0, out[-3000:]
-    assert summary["stop_reason"] == "target_return reached"
-    assert summary["restarts"] == {"actor-1": 1}
-    assert summary["services"]["actor-1"]["restarts"] == 1
-    assert "actor-1#1" in summary["services"]  # the dead incarnation's counts are kept
-    assert summary["accounting"]["balanced"], summary["accounting"]
-
-
-@pytest.mark.slow
 def test_a_killed_learner_without_resume_stops_the_run_with_a_clear_message(
     tmp_path: Path,
 ) -> None:
