@@ -45,8 +45,9 @@ def _hb(name: str, role: str, counters: dict[str, int], **gauges: float) -> Hear
 
 # ----------------------------------------------------------------------------- units
 def test_recovery_settings_are_checked_naming_the_key() -> None:
-    with pytest.raises(ConfigError, match=r"recovery\.restarts\.learner"):
-        RecoveryConfig(restarts={"learner": 1})
+    with pytest.raises(ConfigError, match=r"recovery\.restarts\.monitor"):
+        RecoveryConfig(restarts={"monitor": 1})
+    RecoveryConfig(restarts={"learner": 50})  # used with learner = "resume"
     with pytest.raises(ConfigError, match=r"recovery\.restarts\.actor"):
         RecoveryConfig(restarts={"actor": -1})
     with pytest.raises(ConfigError, match=r"recovery\.learner"):

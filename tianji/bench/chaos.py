@@ -113,8 +113,7 @@ def run_chaos(
     out.mkdir(parents=True, exist_ok=True)
     summary_path = out / "summary.json"
     shm_before = set(os.listdir(SHM_DIR)) if SHM_DIR.is_dir() else set()
-    roles_all = ("actor", "inference", "buffer", "eval", "params")
-    budget = [f"recovery.restarts.{r}={restarts}" for r in roles_all]
+    budget = [f"recovery.restarts.{r}={restarts}" for r in killable_roles(learner_resumes)]
     cmd = [sys.executable, "-m", "tianji", "train", config, "--dashboard", "127.0.0.1:0"]
     cmd += ["--run-dir", str(out), "--summary", str(summary_path)]
     cmd += ["--target-return", "1e9", "--max-seconds", str(warmup + minutes * 60 + 120)]
@@ -151,7 +150,13 @@ def run_chaos(
         next_kill = time.monotonic()
         pending: dict[str, dict[str, Any]] = {}  # service -> its kill, until it is back
         while time.monotonic() < deadline:
-            status = _status(url)
+            try:
+                status = _status(url)
+            except OSError:  # the run ended (or its dashboard is busy): the report says which
+                if proc.poll() is not None:
+                    break
+                time.sleep(0.5)
+                continue
             rows = {s["name"]: s for s in status["services"]}
             pids_seen.update(s["pid"] for s in rows.values() if s["pid"])
             now = time.monotonic()
@@ -186,7 +191,8 @@ def run_chaos(
                 break
             time.sleep(0.25)
         time.sleep(min(every, 10))  # let the last kill come back
-        status = _status(url) if proc.poll() is None else status
+        with contextlib.suppress(OSError):
+            status = _status(url) if proc.poll() is None else status
         for name, kill in list(pending.items()):
             row = {s["name"]: s for s in status["services"]}.get(name)
             if row and row["state"] == "running" and row["pid"] not in (None, kill["pid"]):

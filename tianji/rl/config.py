@@ -372,7 +372,8 @@ class RecoveryConfig:
         default_factory=lambda: dict.fromkeys(RESTARTABLE_ROLES, 3)
     )
     """Restarts each service of a role may have, e.g. ``{actor = 5, buffer = 1}``; roles
-    left out keep 3; 0 turns restarts of the role off (its death ends the run)."""
+    left out keep 3; 0 turns restarts of the role off (its death ends the run). The
+    learner's count applies with ``learner = "resume"`` only."""
     backoff: float = 1.0
     """Seconds before a service's first restart; doubled for each further one (max 30)."""
     missed_heartbeats: int = 5
@@ -387,10 +388,9 @@ class RecoveryConfig:
 
     def __post_init__(self) -> None:
         for role, count in self.restarts.items():
-            if role not in RESTARTABLE_ROLES:
-                raise ConfigError(
-                    f"recovery.restarts.{role}", count, f"a role of {list(RESTARTABLE_ROLES)}"
-                )
+            if role not in (*RESTARTABLE_ROLES, "learner"):
+                roles = [*RESTARTABLE_ROLES, "learner"]
+                raise ConfigError(f"recovery.restarts.{role}", count, f"a role of {roles}")
             if type(count) is not int or count < 0:
                 raise ConfigError(f"recovery.restarts.{role}", count, "an int >= 0")
         if not 0 <= self.backoff <= 60:

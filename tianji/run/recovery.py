@@ -60,8 +60,8 @@ def restart_policy(plan: RunPlan, controller: Controller, out: TextIO) -> Restar
 
     def budget(spec: ServiceSpec) -> int:
         role = spec.role
-        if role == "learner":
-            return 3 if recovery.learner == "resume" else 0
+        if role == "learner":  # restarted only to resume from a checkpoint
+            return recovery.restarts.get("learner", 3) if recovery.learner == "resume" else 0
         return recovery.budget(role)
 
     def prepare(spec: ServiceSpec, k: int) -> ServiceSpec | None:
