@@ -190,13 +190,17 @@ def run_chaos(
             if proc.poll() is not None:
                 break
             time.sleep(0.25)
-        time.sleep(min(every, 10))  # let the last kill come back
-        with contextlib.suppress(OSError):
-            status = _status(url) if proc.poll() is None else status
-        for name, kill in list(pending.items()):
-            row = {s["name"]: s for s in status["services"]}.get(name)
-            if row and row["state"] == "running" and row["pid"] not in (None, kill["pid"]):
-                kill["restart_s"] = round(time.monotonic() - kill["at"], 2)
+        settle = time.monotonic() + 60  # let the last kills come back (backoff <= 30 s)
+        while pending and time.monotonic() < settle and proc.poll() is None:
+            with contextlib.suppress(OSError):
+                status = _status(url)
+            rows = {s["name"]: s for s in status["services"]}
+            for name, kill in list(pending.items()):
+                row = rows.get(name)
+                if row and row["state"] == "running" and row["pid"] not in (None, kill["pid"]):
+                    kill["restart_s"] = round(time.monotonic() - kill["at"], 2)
+                    del pending[name]
+            time.sleep(0.25)
         killed = {k["service"] for k in kills}
         rss_end = {
             s["name"]: _rss_mb(s["pid"])

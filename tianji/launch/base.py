@@ -49,8 +49,12 @@ class RestartPolicy:
 
     Attributes:
         budget: restarts a service (by its spec) may have; 0: its death ends the run.
-        backoff: seconds before a service's first restart, doubled for each further one.
+        backoff: seconds before a service's first restart, doubled for each further one
+            in a row of quick deaths.
         backoff_max: the longest wait before a restart.
+        stable_after: an incarnation that lived this long before it died starts the
+            doubling again from ``backoff`` (a crash loop backs off; a service that dies
+            now and then, e.g. with its host, comes back within seconds every time).
         heartbeat_timeout: a registered service silent this long is declared dead and
             killed (``None``: only an exited process is dead).
         prepare: the spec of restart ``k`` of a service (e.g. resume from a checkpoint);
@@ -60,6 +64,7 @@ class RestartPolicy:
     budget: Callable[[ServiceSpec], int]
     backoff: float = 1.0
     backoff_max: float = 30.0
+    stable_after: float = 30.0
     heartbeat_timeout: float | None = None
     prepare: Callable[[ServiceSpec, int], ServiceSpec | None] | None = None
 
@@ -211,6 +216,8 @@ class Launcher:
             restarts = restarts(self.controller)
         self.restarts: RestartPolicy | None = restarts
         self._killed: dict[str, str] = {}  # declared dead and killed by us: why
+        self._born: dict[str, float] = {}  # when each service's incarnation was spawned
+        self._quick_deaths: dict[str, int] = {}  # deaths in a row, each soon after its birth
 
     # ------------------------------------------------------------------ for subclasses
     async def _spawn(self, spec: ServiceSpec) -> Handle:
@@ -268,6 +275,7 @@ class Launcher:
             for spec in self.specs:
                 spec = dataclasses.replace(spec, controller=self.controller.address)
                 self.children[spec.name] = await self._spawn(spec)
+                self._born[spec.name] = time.monotonic()
             await self._started()
             watching = True
             reason = await self._watch(stop_signal, started)
@@ -377,14 +385,19 @@ class Launcher:
                 return None
             spec = prepared
         self.controller.retire(name)
-        delay = min(policy.backoff * 2**done, policy.backoff_max)
+        lived = time.monotonic() - self._born.get(name, time.monotonic())
+        quick = 0 if lived >= policy.stable_after else self._quick_deaths.get(name, 0)
+        self._quick_deaths[name] = quick + 1
+        delay = min(policy.backoff * 2**quick, policy.backoff_max)
         log.warning(
             "%s %s: restart %d of %d in %.1f s", name, why, done + 1, policy.budget(spec), delay
         )
 
         async def again() -> Handle:
             await asyncio.sleep(delay)
-            return await self._spawn(spec)
+            handle = await self._spawn(spec)
+            self._born[name] = time.monotonic()
+            return handle
 
         return asyncio.ensure_future(again())
 

@@ -375,7 +375,9 @@ class RecoveryConfig:
     left out keep 3; 0 turns restarts of the role off (its death ends the run). The
     learner's count applies with ``learner = "resume"`` only."""
     backoff: float = 1.0
-    """Seconds before a service's first restart; doubled for each further one (max 30)."""
+    """Seconds before a service's first restart; doubled for each further one that follows a
+    death less than 30 s after a start (max 30 s): a crash loop backs off, a service that
+    lived longer comes back after ``backoff`` again."""
     missed_heartbeats: int = 5
     """A registered service silent for this many heartbeat intervals (1 s) is declared dead
     and killed (then restarted like one that exited)."""
