@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from tianji.launch.base import RestartPolicy, restart_delay
 from tianji.launch.spec import ServiceSpec
 from tianji.rl.balance import BalanceConfig
 from tianji.rl.config import RecoveryConfig, RunConfig
@@ -279,3 +280,13 @@ def test_a_silent_actor_the_params_service_and_an_eval_worker_are_restarted(
     assert summary["services"]["eval-0"]["counters"]["evaluations"] >= 1  # the new incarnation
     assert summary["services"]["learner-0"]["counters"]["params_resent"] >= 1
     assert summary["accounting"]["balanced"], summary["accounting"]
+
+
+def test_the_restart_backoff_doubles_in_a_crash_loop_and_resets_after_a_stable_run() -> None:
+    policy = RestartPolicy(budget=lambda spec: 100, backoff=1.0, backoff_max=30.0)
+    quick, delays = 0, []
+    for _ in range(7):  # each incarnation dies 2 s after its start
+        delay, quick = restart_delay(policy, 2.0, quick)
+        delays.append(delay)
+    assert delays == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
+    assert restart_delay(policy, 45.0, quick) == (1.0, 1)  # it had lived past stable_after

@@ -34,6 +34,7 @@ __all__ = [
     "RestartPolicy",
     "ServiceTask",
     "Until",
+    "restart_delay",
     "run_launcher",
 ]
 
@@ -67,6 +68,18 @@ class RestartPolicy:
     stable_after: float = 30.0
     heartbeat_timeout: float | None = None
     prepare: Callable[[ServiceSpec, int], ServiceSpec | None] | None = None
+
+
+def restart_delay(policy: RestartPolicy, lived: float, quick_deaths: int) -> tuple[float, int]:
+    """The wait before restarting a service whose incarnation ``lived`` seconds, after
+    ``quick_deaths`` deaths in a row each less than ``policy.stable_after`` after a start.
+
+    Returns:
+        ``(seconds, quick deaths in a row counting this one)``: ``backoff * 2**k`` (at most
+        ``backoff_max``), ``k`` back to 0 when the incarnation was stable.
+    """
+    quick = 0 if lived >= policy.stable_after else quick_deaths
+    return min(policy.backoff * 2**quick, policy.backoff_max), quick + 1
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -386,9 +399,9 @@ class Launcher:
             spec = prepared
         self.controller.retire(name)
         lived = time.monotonic() - self._born.get(name, time.monotonic())
-        quick = 0 if lived >= policy.stable_after else self._quick_deaths.get(name, 0)
-        self._quick_deaths[name] = quick + 1
-        delay = min(policy.backoff * 2**quick, policy.backoff_max)
+        delay, self._quick_deaths[name] = restart_delay(
+            policy, lived, self._quick_deaths.get(name, 0)
+        )
         log.warning(
             "%s %s: restart %d of %d in %.1f s", name, why, done + 1, policy.budget(spec), delay
         )
