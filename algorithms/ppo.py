@@ -615,7 +615,7 @@ class PPO:
         # The clipped ratio's reference policy (vtrace_reference): the one that acted, or
         # with V-trace the learner's own before this update (its advantages then carry the
         # correction to the acting policy, min(rho_bar, pi/mu)).
-        learner_ref = c.vtrace and c.vtrace_reference == "learner" and logp is not None
+        learner_ref = c.vtrace and c.vtrace_reference == "learner"
         reference = logp.float() if learner_ref and logp is not None else tensor(batch["logp"])
         return {
             "obs": obs,

@@ -25,7 +25,7 @@ import sys
 import time
 from typing import Any
 
-from tianji.bench.spawn import run_json_child
+from tianji.bench.spawn import run_each, run_training
 from tianji.bench.train import CONFIGS, TARGETS, machine, parse_seeds
 
 __all__ = ["ALGOS", "lag_config", "run_lag_bench", "summarize"]
@@ -100,10 +100,8 @@ def lag_config(
 def _run(
     env: str, algo: str, lag: int, seed: int, max_seconds: float, update_ms: float
 ) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "tianji.bench.train", "--worker"]
     launched = time.time()
-    config = lag_config(algo, lag, seed, max_seconds, update_ms, env)
-    run = run_json_child(cmd, json.dumps(config), max_seconds + 120, tail=5)
+    run = run_training(lag_config(algo, lag, seed, max_seconds, update_ms, env), max_seconds + 120)
     row: dict[str, Any] = {"env": env, "algorithm": algo, "lag_target": lag, "seed": seed}
     if run.result is None:
         return {**row, "error": run.error}
@@ -193,17 +191,17 @@ def run_lag_bench(
 ) -> dict[str, Any]:
     """Every run, interleaved seed by seed, with a progress line each."""
     plan = [(s, e, a, lag) for s in seeds for e in envs for a in algos for lag in lags]
-    rows = []
-    started = time.monotonic()
-    for i, (seed, env, algo, lag) in enumerate(plan, 1):
-        print(f"[{i}/{len(plan)}] {env} {algo} lag {lag} seed {seed} ...", file=sys.stderr,
-              flush=True)  # fmt: skip
-        row = _run(env, algo, lag, seed, max_seconds, update_ms)
-        rows.append(row)
+
+    def outcome(row: dict[str, Any]) -> str:
         t = row.get("launch_to_target_s")
-        what = row.get("error") or (f"{t:.1f} s to the target" if t else "target missed")
-        print(f"    {what} [{time.monotonic() - started:.0f} s so far]", file=sys.stderr,
-              flush=True)  # fmt: skip
+        return f"{t:.1f} s to the target" if t else "target missed"
+
+    rows = run_each(
+        plan,
+        lambda p: f"{p[1]} {p[2]} lag {p[3]} seed {p[0]}",
+        lambda p: _run(p[1], p[2], p[3], p[0], max_seconds, update_ms),
+        outcome,
+    )
     return {
         "rows": rows,
         "cells": summarize(rows),

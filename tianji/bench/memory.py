@@ -16,10 +16,9 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-import time
 from typing import Any
 
-from tianji.bench.spawn import run_json_child
+from tianji.bench.spawn import run_each, run_training
 from tianji.bench.train import machine, parse_seeds
 
 __all__ = ["MEMORY_CONFIG", "POLICIES", "memory_config", "run_memory_bench", "summarize"]
@@ -71,9 +70,7 @@ def memory_config(policy: str, inference: str, seed: int, env_steps: int) -> dic
 
 
 def _run(policy: str, inference: str, seed: int, env_steps: int) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "tianji.bench.train", "--worker"]
-    config = memory_config(policy, inference, seed, env_steps)
-    run = run_json_child(cmd, json.dumps(config), 720, tail=5)
+    run = run_training(memory_config(policy, inference, seed, env_steps), 720)
     row: dict[str, Any] = {"policy": policy, "inference": inference, "seed": seed}
     if run.result is None:
         return {**row, "error": run.error}
@@ -156,16 +153,12 @@ def run_memory_bench(
 ) -> dict[str, Any]:
     """Every run, interleaved seed by seed, with a progress line each."""
     plan = [(s, i, p) for s in seeds for i in inference for p in policies]
-    rows = []
-    started = time.monotonic()
-    for n, (seed, inf, policy) in enumerate(plan, 1):
-        print(f"[{n}/{len(plan)}] {policy} {inf} seed {seed} ...", file=sys.stderr, flush=True)
-        row = _run(policy, inf, seed, env_steps)
-        rows.append(row)
-        ret = row.get("final_return")
-        what = row.get("error") or f"mean return {ret}"
-        print(f"    {what} [{time.monotonic() - started:.0f} s so far]", file=sys.stderr,
-              flush=True)  # fmt: skip
+    rows = run_each(
+        plan,
+        lambda p: f"{p[2]} {p[1]} seed {p[0]}",
+        lambda p: _run(p[2], p[1], p[0], env_steps),
+        lambda row: f"mean return {row.get('final_return')}",
+    )
     return {
         "rows": rows,
         "cells": summarize(rows),

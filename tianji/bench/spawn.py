@@ -15,14 +15,23 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Awaitable
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import IO, Any, TypeVar
 
 from tianji.bench.measure import BenchError, BenchTimeout
 from tianji.bench.peer import Job
 
-__all__ = ["ChildRun", "Peer", "run_json_child", "spawn_peer", "start_json_child"]
+__all__ = [
+    "ChildRun",
+    "Peer",
+    "run_each",
+    "run_json_child",
+    "run_training",
+    "spawn_peer",
+    "start_json_child",
+]
 
 T = TypeVar("T")
 STOP_TIMEOUT = 3.0  # after SIGTERM, before SIGKILL
@@ -36,6 +45,33 @@ class ChildRun:
     result: dict[str, Any] | None
     error: str | None
     stderr: str
+
+
+def run_training(config: dict[str, Any], timeout: float) -> ChildRun:
+    """One tianji training run (the run config as data) in a fresh process
+    (``python -m tianji.bench.train --worker``), to its end: its summary's figures."""
+    cmd = [sys.executable, "-m", "tianji.bench.train", "--worker"]
+    return run_json_child(cmd, json.dumps(config), timeout, tail=5)
+
+
+def run_each(
+    plan: Sequence[T],
+    label: Callable[[T], str],
+    run: Callable[[T], dict[str, Any]],
+    outcome: Callable[[dict[str, Any]], str],
+) -> list[dict[str, Any]]:
+    """``run`` every item of ``plan`` in turn and return the rows, with a progress line on
+    stderr before each (``label``) and after it (the row's error or ``outcome``)."""
+    rows = []
+    started = time.monotonic()
+    for i, item in enumerate(plan, 1):
+        print(f"[{i}/{len(plan)}] {label(item)} ...", file=sys.stderr, flush=True)
+        row = run(item)
+        rows.append(row)
+        what = row.get("error") or outcome(row)
+        print(f"    {what} [{time.monotonic() - started:.0f} s so far]", file=sys.stderr,
+              flush=True)  # fmt: skip
+    return rows
 
 
 def run_json_child(cmd: list[str], stdin: str | None, timeout: float, tail: int = 6) -> ChildRun:

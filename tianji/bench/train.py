@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tianji.bench.spawn import run_json_child
+from tianji.bench.spawn import run_json_child, run_training
 
 __all__ = ["CONFIGS", "TARGETS", "aggregate", "markdown", "run_bench"]
 
@@ -177,16 +177,14 @@ def _run_one(
     env_step_ms: float = 0.0,
     update_ms: float = 0.0,
 ) -> dict[str, Any]:
+    launched = time.time()
     if system == "sb3":
         cmd = [sys.executable, "-m", "tianji.bench.sb3", algo, "--seed", str(seed)]
         cmd += ["--target-return", str(TARGETS[algo]), "--max-seconds", str(max_seconds)]
-        stdin = None
+        run = run_json_child(cmd, None, max_seconds + 120, tail=5)
     else:
-        cmd = [sys.executable, "-m", "tianji.bench.train", "--worker"]
         data = run_config(algo, system, seed, max_seconds, actors, env_step_ms, update_ms)
-        stdin = json.dumps(data)
-    launched = time.time()
-    run = run_json_child(cmd, stdin, max_seconds + 120, tail=5)
+        run = run_training(data, max_seconds + 120)
     if run.result is None:
         return {"system": system, "algorithm": algo, "seed": seed, "error": run.error}
     result = run.result

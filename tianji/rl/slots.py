@@ -27,6 +27,12 @@ class StateSlots:
         self.initial = initial
         self._tables: dict[str, np.ndarray] = {}
 
+    @classmethod
+    def for_algorithm(cls, algo: Any) -> StateSlots | None:
+        """Slots for ``algo``'s per-env state when it is recurrent (``recurrent = True``,
+        ``initial_state(n)``), else ``None`` (a feed-forward policy keeps nothing)."""
+        return cls(algo.initial_state) if getattr(algo, "recurrent", False) else None
+
     def gather(self, actor: str, env_ids: np.ndarray, starts: np.ndarray) -> np.ndarray:
         """The states of ``env_ids`` (``[n, ...]``, a copy), initial where ``starts``.
 

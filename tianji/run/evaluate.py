@@ -285,7 +285,7 @@ def run_episode(
     clip = (action_space.low, action_space.high) if isinstance(action_space, spaces.Box) else None
     obs, _ = env.reset(seed=seed)
     total, length, done = 0.0, 0, False
-    memory = StateSlots(algo.initial_state) if getattr(algo, "recurrent", False) else None
+    memory = StateSlots.for_algorithm(algo)
     env_ids, starts = np.zeros(1, np.int64), np.ones(1, bool)  # a recurrent policy's state
     while not done:
         if video is not None:

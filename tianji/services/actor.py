@@ -69,11 +69,7 @@ class ActorService(Service):
         self.algo = make_algorithm(self.config, seed=self.seed, device="cpu")
         self.remote = self.config.actors.inference == "service"
         # a local recurrent policy's per-env state (remote: the inference service keeps it)
-        self.memory = (
-            StateSlots(self.algo.initial_state)
-            if not self.remote and getattr(self.algo, "recurrent", False)
-            else None
-        )
+        self.memory = None if self.remote else StateSlots.for_algorithm(self.algo)
         self._request_ids = itertools.count()
         self._answers: dict[int, asyncio.Future[ActionsComputed]] = {}
         self.fragment_version = -1  # oldest policy version that acted in this fragment

@@ -62,7 +62,7 @@ async def play_episodes(
     """
     n = envs.num_envs
     obs, _ = envs.reset(seed=list[int | None](seeds))
-    memory = StateSlots(algo.initial_state) if getattr(algo, "recurrent", False) else None
+    memory = StateSlots.for_algorithm(algo)
     ids = np.arange(n)
     starts = np.ones(n, bool)
     active = np.ones(n, bool)

@@ -79,9 +79,7 @@ class InferenceService(Service):
         self.batch_requests = inference.batch_requests or max(1, len(actors))
         self.max_batch_envs = inference.max_batch_envs
         self.max_wait = inference.max_wait_ms / 1000.0
-        self.slots = (
-            StateSlots(self.algo.initial_state) if getattr(self.algo, "recurrent", False) else None
-        )
+        self.slots = StateSlots.for_algorithm(self.algo)
         bound = 2 * len(actors) * cfg.actors.splits + 8  # every group of every actor, twice
         self._requests: asyncio.Queue[ComputeActions] = asyncio.Queue(bound)
         self._held: ComputeActions | None = None  # did not fit the last batch
