@@ -1,14 +1,21 @@
-"""``--backend ray``: services run as Ray actors, reach a CartPole target, and a killed actor
-ends the run like a dead process. One local Ray instance (2 CPUs) serves the whole module."""
+"""``--backend ray``: services run as Ray actors and reach a CartPole target through killed
+actors (restarted as new Ray actors); without a restart policy a killed actor ends the run
+like a dead process. One local Ray instance (2 CPUs) serves the whole module."""
 
 from __future__ import annotations
 
+import io
+import json
 import os
+import signal
 import sys
+import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -100,16 +107,80 @@ def test_an_unknown_backend_is_named() -> None:
 
 
 # ---------------------------------------------------------------------- on a local Ray
+class _Output(io.StringIO):
+    """The run's output, read by the killing thread while ``train`` writes it."""
+
+    def url(self, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in self.getvalue().splitlines():
+                if line.startswith("dashboard: "):
+                    return line.split(" ", 1)[1].strip() + "api/status"
+            time.sleep(0.2)
+        raise AssertionError("no dashboard line")
+
+
+def _status(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        body: dict[str, Any] = json.loads(response.read().decode())
+        return body
+
+
+def _kill_once_it_runs(out: _Output, names: list[str], back: dict[str, float]) -> None:
+    """Once episodes are done, SIGKILL each service's Ray worker process (its pid as
+    registered), a second apart; then record how long each took to run again."""
+    url = out.url(120)
+    deadline = time.monotonic() + 150
+    pids: dict[str, int] = {}
+    sent = 0.0
+    while time.monotonic() < deadline and len(back) < len(names):
+        status = _status(url)
+        rows = {s["name"]: s for s in status["services"]}
+        for name in names:
+            row = rows.get(name, {})
+            if not pids and status["counters"]["episodes"] > 5:
+                for victim in names:
+                    pids[victim] = rows[victim]["pid"]
+                    os.kill(pids[victim], signal.SIGKILL)
+                    time.sleep(1.0)
+                sent = time.monotonic()
+            elif pids and name not in back and _new_incarnation_runs(row, pids[name]):
+                back[name] = time.monotonic() - sent
+        time.sleep(0.3)
+
+
+def _new_incarnation_runs(row: dict[str, Any], old_pid: int) -> bool:
+    return bool(row.get("restarts") == 1 and row["state"] == "running" and row["pid"] != old_pid)
+
+
 @pytest.mark.slow
-def test_ppo_reaches_150_on_cartpole_with_every_service_a_ray_actor(
+def test_ppo_reaches_150_with_every_service_a_ray_actor_through_a_killed_actor_and_buffer(
     local_ray: ModuleType, tmp_path: Path
 ) -> None:
-    config = load_config(PPO, ["stop.target_return=150", "stop.max_seconds=150"])
-    summary = train(config, backend="ray", summary_path=str(tmp_path / "summary.json"))
+    """The Ray worker processes of actor-0 and buffer-0 are killed mid-run: each comes
+    back as a new Ray actor (within the run's restart budget, with the same accounting as
+    locally) and the run still reaches its target."""
+    config = load_config(PPO, ["stop.target_return=150", "stop.max_seconds=240"])
+    out = _Output()
+    back: dict[str, float] = {}
+    killer = threading.Thread(
+        target=_kill_once_it_runs, args=(out, ["actor-0", "buffer-0"], back), daemon=True
+    )
+    killer.start()
+    summary = train(
+        config,
+        backend="ray",
+        summary_path=str(tmp_path / "summary.json"),
+        out=out,
+        dashboard="127.0.0.1:0",
+    )
+    killer.join(30)
+    assert set(back) == {"actor-0", "buffer-0"}, (back, out.getvalue()[-3000:])
     assert summary["backend"] == "ray" and summary["transport"] == "tcp"
+    assert summary["stop_reason"] == "target_return reached", out.getvalue()[-3000:]
     assert summary["time_to_target_s"] is not None, summary
-    assert summary["stop_reason"] == "target_return reached"
-    assert summary["learner_updates"] > 0 and summary["policy_lag"]["max"] <= 2
+    assert summary["restarts"] == {"actor-0": 1, "buffer-0": 1}
+    assert summary["learner_updates"] > 0
     assert summary["accounting"]["balanced"], summary["accounting"]
 
 

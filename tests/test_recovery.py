@@ -191,19 +191,27 @@ def test_a_killed_learner_without_resume_stops_the_run_with_a_clear_message(
 
 
 @pytest.mark.slow
-def test_a_killed_learner_with_resume_continues_from_its_checkpoint(tmp_path: Path) -> None:
+def test_killed_learners_resume_together_from_one_checkpoint(tmp_path: Path) -> None:
+    """Two data-parallel learners, ``learner = "resume"``: learner-1 is killed; the launcher
+    kills learner-0 too (their weights must stay identical) and both resume from the newest
+    checkpoint, with the policy version continuing; the run still reaches its target."""
     resume = ("--set", 'recovery.learner="resume"', "--set", "checkpoint.every_updates=5")
-    with training(tmp_path, "--target-return", "400", "--max-seconds", "240", *resume) as run:
+    resume += ("--set", "learner.count=2")
+    with training(tmp_path, "--target-return", "300", "--max-seconds", "240", *resume) as run:
         status = run.wait_for(
             lambda s: (s["checkpoint"] or {}).get("policy_version", 0) >= 10, timeout=120
         )
-        run.kill_and_await_restart(status, "learner-0")
+        run.kill_and_await_restart(status, "learner-1")
+        run.wait_for(lambda s: _service(s, "learner-0")["restarts"] == 1, timeout=30)
         code, out, summary = run.finish()
     assert code == 0, out[-3000:]
-    assert "learner-0 died: resuming from ckpt-" in out
+    assert "learner-1 died: resuming from ckpt-" in out
+    assert "learner-0 died: resuming from ckpt-" in out  # killed by the launcher with it
     assert summary["stop_reason"] == "target_return reached"
-    assert summary["restarts"] == {"learner-0": 1}
-    assert summary["services"]["learner-0"]["counters"]["restored_version"] >= 10
+    assert summary["restarts"] == {"learner-0": 1, "learner-1": 1}
+    versions = [summary["services"][f"learner-{i}"]["counters"]["restored_version"] for i in (0, 1)]
+    assert versions[0] == versions[1] >= 10, versions
+    assert summary["accounting"]["balanced"], summary["accounting"]
 
 
 @pytest.mark.slow

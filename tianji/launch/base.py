@@ -60,6 +60,10 @@ class RestartPolicy:
             killed (``None``: only an exited process is dead).
         prepare: the spec of restart ``k`` of a service (e.g. resume from a checkpoint);
             ``None`` from it ends the run instead (with the reason it logged).
+        group: services restarted together: when one dies, the launcher kills the live
+            others with the same (non-empty) group and each restarts through the policy
+            like a death of its own (e.g. K data-parallel learners, which must all resume
+            from the same checkpoint); ``None`` or ``""``: on its own.
     """
 
     budget: Callable[[ServiceSpec], int]
@@ -68,6 +72,7 @@ class RestartPolicy:
     stable_after: float = 30.0
     heartbeat_timeout: float | None = None
     prepare: Callable[[ServiceSpec, int], ServiceSpec | None] | None = None
+    group: Callable[[ServiceSpec], str] | None = None
 
 
 def restart_delay(policy: RestartPolicy, lived: float, quick_deaths: int) -> tuple[float, int]:
@@ -383,7 +388,23 @@ class Launcher:
                 return f"failed {name} {why}"
             restarting[restart] = name
             pending.add(restart)
+            self._kill_group_of(name)
         return None
+
+    def _kill_group_of(self, name: str) -> None:
+        """Kill the live services restarted together with ``name`` (their deaths come back
+        through the watch loop and restart them)."""
+        group = self.restarts.group if self.restarts is not None else None
+        tag = group(self.children[name].spec) if group is not None else ""
+        if not tag or group is None:
+            return
+        for other, child in self.children.items():
+            if other == name or other in self._killed or child.returncode is not None:
+                continue
+            if group(child.spec) == tag:
+                log.warning("%s: killed to restart with %s (group %s)", other, name, tag)
+                self._killed[other] = f"restarted with {name}"
+                child.signal(signal.SIGKILL)
 
     def _restart(self, name: str, why: str) -> asyncio.Future[Handle] | None:
         """Schedule the next incarnation of ``name``, or ``None`` when it may not have one."""

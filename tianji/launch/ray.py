@@ -17,10 +17,16 @@ Placement and addresses:
   are reachable from every node. Services need ``tcp://`` (shm reaches one host, inproc
   one process).
 
-A dead actor (``ray.kill``, a crashed worker, a lost node) ends the run like a dead child
-process: the others are stopped and :class:`~tianji.runtime.errors.ServiceFailed` names it. Ray
-never restarts a service (``max_restarts=0``). Every actor of the run is killed when the
-run ends; Ray is shut down only if this launcher started it.
+A dead actor (``ray.kill``, a crashed or killed worker process, a lost node) is a dead
+service, exactly as a dead child process is locally: within the run's restart budget
+(:class:`~tianji.launch.base.RestartPolicy`, ``[recovery]``) tianji starts a new actor for
+it, named ``tianji-<run>-<service>-r<k>`` for its k-th restart, with the same accounting
+(``restarts``, ``dropped/lost_in_restart``) and the same preparation (a learner resumes from
+the newest checkpoint, a buffer from its replay snapshot); beyond the budget it ends the run:
+the others are stopped and :class:`~tianji.runtime.errors.ServiceFailed` names it. Ray's own
+actor restarts stay off (``max_restarts=0``): a Ray-restarted actor would rerun the service
+without the launcher's preparation or counts. Every actor of the run is killed when the run
+ends; Ray is shut down only if this launcher started it.
 
 Usage::
 
@@ -274,8 +280,10 @@ class RayLauncher(Launcher):
         if self.multi_host:
             spec = dataclasses.replace(spec, bind=_with_host(spec.bind, "0.0.0.0"))
         env = {k: os.environ[k] for k in _PASSED_ENV if os.environ.get(k)}
+        incarnation = self.controller.restarts[spec.name]  # counted before a restart
+        suffix = f"-r{incarnation}" if incarnation else ""
         actor = self._actor_class.options(
-            name=f"tianji-{self.controller.run_id}-{spec.name}",
+            name=f"tianji-{self.controller.run_id}-{spec.name}{suffix}",
             num_cpus=cpus,
             num_gpus=gpus,
             max_concurrency=2,  # run() holds one thread; stop() needs the other

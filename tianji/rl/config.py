@@ -383,7 +383,9 @@ class RecoveryConfig:
     and killed (then restarted like one that exited)."""
     learner: str = "stop"
     """A dead learner: ``stop`` ends the run (non-zero exit, naming it); ``resume`` restarts
-    it from the newest checkpoint (needs a run directory; one learner)."""
+    it from the newest checkpoint (needs a run directory). With ``[learner] count`` K > 1
+    the K learners restart together: the death of one kills the others, and all K resume
+    from the same checkpoint (their weights must stay identical)."""
     buffer: str = "empty"
     """A restarted replay buffer starts ``empty`` or from its ``snapshot`` (needs
     ``[checkpoint] replay``); what it held is counted as ``dropped/lost_in_restart``."""
@@ -504,9 +506,6 @@ class RunConfig:
         if recovery.buffer == "snapshot" and not self.checkpoint.replay:
             why = "'empty' unless [checkpoint] replay = true (no snapshot to restart from)"
             raise ConfigError("recovery.buffer", recovery.buffer, why)
-        if recovery.learner == "resume" and self.learner.count > 1:
-            why = "'stop' with learner.count > 1 (the learners restart together: not yet)"
-            raise ConfigError("recovery.learner", recovery.learner, why)
         if recovery.learner == "resume" and not self.checkpoint.enabled:
             why = "'stop' when checkpoints are off (nothing to resume from)"
             raise ConfigError("recovery.learner", recovery.learner, why)

@@ -14,7 +14,9 @@ the :class:`~tianji.launch.base.RestartPolicy` built here whether and how to sta
 * **the learner** ends the run (``learner = "stop"``: every process stops, the CLI exits
   non-zero naming it) or restarts from the newest checkpoint (``learner = "resume"``); its
   policy version continues from the highest one the run reached, so actors and the
-  parameter service accept its weights.
+  parameter service accept its weights. K data-parallel learners restart together: the
+  death of one kills the others (:attr:`RestartPolicy.group`) and all resume from the
+  same checkpoint, so their weights stay identical.
 * **the parameter service**'s state is the newest weights: the learner sends them to a new
   incarnation the moment it subscribes (``params_resent``), and the actors' links move to
   it through the controller.
@@ -72,11 +74,15 @@ def restart_policy(plan: RunPlan, controller: Controller, out: TextIO) -> Restar
             return _restart_buffer(plan, spec)
         return spec
 
+    def group(spec: ServiceSpec) -> str:
+        return "learners" if spec.role == "learner" and plan.config.learner.count > 1 else ""
+
     return RestartPolicy(
         budget=budget,
         backoff=recovery.backoff,
         heartbeat_timeout=recovery.missed_heartbeats * ServiceOptions().heartbeat_interval,
         prepare=prepare,
+        group=group,
     )
 
 

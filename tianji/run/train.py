@@ -107,7 +107,6 @@ def _launcher(backend: str, plan: RunPlan) -> Launcher:
         )
     from tianji.launch.ray import RayLauncher
 
-    launch.restarts = None  # Ray places the actors; tianji's restarts are local only
     return RayLauncher(launch, address=config.ray.address, resources=config.ray)
 
 
