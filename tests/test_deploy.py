@@ -182,10 +182,12 @@ def test_a_service_with_another_config_or_the_wrong_token_is_refused_and_exits_2
         assert ctl.stdout is not None
         assert "tianji controller:" in ctl.stdout.readline()  # it listens from now on
         odd = tianji("serve", "actor", PPO, "--controller", f"tcp://127.0.0.1:{port}",
-                     "--set", "actors.envs_per_actor=3", env={"TIANJI_TOKEN": "right"})  # fmt: skip
+                     "--set", "actors.envs_per_actor=3", "--restart", "2",
+                     env={"TIANJI_TOKEN": "right"})  # fmt: skip
         out, _ = odd.communicate(timeout=60)
         assert odd.returncode == 2, out
         assert "refused" in out and "differs from the controller's" in out
+        assert "restart 1 of 2" not in out, out  # a refusal is final, even with --restart
         started = time.monotonic()
         intruder = tianji("serve", "actor", PPO, "--controller", f"tcp://127.0.0.1:{port}",
                           env={"TIANJI_TOKEN": "wrong"})  # fmt: skip
@@ -198,6 +200,37 @@ def test_a_service_with_another_config_or_the_wrong_token_is_refused_and_exits_2
         ctl.terminate()
         ctl_out, _ = ctl.communicate(timeout=30)
     assert "auth_failed" in ctl_out and "different token" in ctl_out
+
+
+def test_serve_restart_brings_a_killed_service_back_until_its_budget_is_spent() -> None:
+    """``tianji serve --restart 1``: the supervisor starts the service again after a kill;
+    after a second kill no restart is left and it exits 1, naming the budget."""
+    from tianji.launch.spec import ServiceSpec
+    from tianji.launch.supervisor import supervise
+
+    spec = ServiceSpec(name="relay-0", factory="tianji.run.demo:Relay")  # needs no controller
+    lines: list[str] = []
+
+    class Out:
+        def write(self, text: str) -> None:
+            lines.extend(t for t in text.splitlines() if t)
+
+        def flush(self) -> None:
+            pass
+
+    def pids() -> list[int]:
+        return [int(x.rsplit("pid ", 1)[1].rstrip(")")) for x in lines if "running (pid" in x]
+
+    async def main() -> int:
+        task = asyncio.create_task(supervise(spec, "", 1, out=Out(), backoff=0.1))  # type: ignore[arg-type]
+        for incarnation in (1, 2):
+            await until(lambda n=incarnation: len(pids()) >= n, timeout=30)
+            os.kill(pids()[-1], 9)
+        return await asyncio.wait_for(task, 30)
+
+    assert asyncio.run(main()) == 1
+    assert len(set(pids())) == 2, lines
+    assert any("exited with code -9; restart 1 of 1 in 0.1 s" in x for x in lines), lines
 
 
 class _Registry(dict):  # type: ignore[type-arg]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -106,13 +107,17 @@ def start_run(
             str(tmp / "summary.json"),
             "--metrics",
             str(tmp / "metrics.jsonl"),
+            "--run-dir",
+            str(tmp / "runs"),
             *extra,
         ],
         tmp / "controller.log",
     )
-    if placement is None:
-        placement = [("a", "params", 0, []), ("a", "buffer", 0, []), ("a", "learner", 0, [])]
-        placement += [("b", "actor", 0, ["--advertise", ip["b"]]), ("c", "actor", 1, [])]
+    if placement is None:  # buffer-0 and actor-1 under a supervisor (tianji serve --restart)
+        placement = [("a", "params", 0, []), ("a", "buffer", 0, ["--restart", "2"])]
+        placement += [("a", "learner", 0, ["--restart", "1"])]
+        placement += [("b", "actor", 0, ["--advertise", ip["b"]])]
+        placement += [("c", "actor", 1, ["--restart", "2"])]
     services = [
         hosts.start(
             host,
@@ -142,16 +147,23 @@ def finish(
     return summary
 
 
-def test_dqn_on_three_hosts_reaches_300_through_a_5_s_cut_and_a_run_with_no_reachable_actor_stops(
+def _serving_pid(log: Path) -> int:
+    """The pid of the service process a ``tianji serve --restart`` supervisor runs now."""
+    lines = [x for x in log.read_text().splitlines() if "running (pid " in x]
+    return int(lines[-1].rsplit("pid ", 1)[1].rstrip(")"))
+
+
+def test_dqn_on_three_hosts_reaches_300_through_kills_and_a_cut_and_a_run_with_no_actor_stops(
     hosts: Hosts, tmp_path: Path
 ) -> None:
     """Two runs on the same hosts at once, each with the natural command. The first shows
     that DQN trains to 300 with its services on three hosts (``finish`` checks the target,
-    the exit codes and the books) and that an actor host that loses its link for 5 s
-    mid-run comes back. The second plants the issue's trap: its only actor registers an
-    address nobody can reach; every service joins, no env step can happen, and that run
-    stops within 90 s with the address in its message and its summary (it idles, so it
-    costs the first run little)."""
+    the exit codes and the books), that the replay buffer (host a) and an actor (host c)
+    killed with SIGKILL come back through ``tianji serve --restart`` and are counted as
+    restarts, and that an actor host that loses its link for 5 s mid-run comes back. The
+    second plants the issue's trap: its only actor registers an address nobody can reach;
+    every service joins, no env step can happen, and that run stops within 90 s with the
+    address in its message and its summary (it idles, so it costs the first run little)."""
     wrong = hosts.spare_ip()  # on the subnet, but no host has it
     placement = [("a", "params", 0, []), ("a", "buffer", 0, []), ("a", "learner", 0, [])]
     placement.append(("c", "actor", 0, ["--advertise", wrong]))
@@ -159,16 +171,33 @@ def test_dqn_on_three_hosts_reaches_300_through_a_5_s_cut_and_a_run_with_no_reac
     trap, trap_services = start_run(
         hosts, tmp_path / "trap", ["--set", "actors.count=1"], placement, port=7001
     )
-    ctl, services = start_run(hosts, tmp_path, [])
+    resume = ["--set", 'recovery.learner="resume"', "--set", "checkpoint.every_seconds=3"]
+    ctl, services = start_run(hosts, tmp_path, resume)
     metrics = tmp_path / "metrics.jsonl"
     outage: dict[str, float] = {}
 
+    killed: list[str] = []
+
     def cut_link() -> None:
-        # Once the learner is learning (some updates), take host b off the network for 5 s.
+        # Once the learner is learning, kill the buffer's and actor-1's processes, and
+        # once a checkpoint is there the learner's (their supervisors start new ones; the
+        # learner resumes from the checkpoint); later take host b off the network for 5 s.
         deadline = time.monotonic() + 200
+        at_kill = 0  # learner updates when the learner was killed
         while time.monotonic() < deadline and ctl.poll() is None:
             rows = metrics.read_text().splitlines() if metrics.exists() else []
-            if rows and json.loads(rows[-1])["learner_updates"] >= 200:
+            updates = json.loads(rows[-1])["learner_updates"] if rows else 0
+            if updates >= 50 and not killed:
+                for name in ("buffer-0", "actor-1"):
+                    os.kill(_serving_pid(tmp_path / f"{name}.log"), signal.SIGKILL)
+                    killed.append(name)
+            checkpoints = list(tmp_path.glob("runs/*/checkpoints/ckpt-*.tjc"))
+            if updates >= 100 and checkpoints and "learner-0" not in killed:
+                os.kill(_serving_pid(tmp_path / "learner-0.log"), signal.SIGKILL)
+                killed.append("learner-0")
+                at_kill = updates
+            # the cut comes once the new learner learns (actors wait while it resumes)
+            if "learner-0" in killed and updates >= at_kill + 100:
                 hosts.cut("b", up=False)
                 outage["down"] = time.time()
                 time.sleep(5)
@@ -197,6 +226,13 @@ def test_dqn_on_three_hosts_reaches_300_through_a_5_s_cut_and_a_run_with_no_reac
     for proc in trap_services:
         assert proc.wait(30) == 0, "a service of the trap run did not stop cleanly"
     assert "up" in outage, "the run ended before the link could be cut"
+    assert killed == ["buffer-0", "actor-1", "learner-0"]
+    restarts = {"buffer-0": 1, "actor-1": 1, "learner-0": 1}
+    assert summary["restarts"] == restarts, summary["restarts"]
+    learner = summary["services"]["learner-0"]["counters"]  # type: ignore[index]
+    assert learner["restored_version"] > 0, learner  # resumed from the checkpoint
+    lost = summary["accounting"]["dropped"].get("lost_in_restart", 0)  # type: ignore[index]
+    assert lost > 0, summary["accounting"]  # what the dead buffer held, counted
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
     before = [r for r in rows if r["unix"] <= outage["down"]]
     during = [r for r in rows if outage["down"] + 1 < r["unix"] < outage["up"]]

@@ -3,7 +3,9 @@ accounting across incarnations."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -15,6 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from tianji.launch.base import RestartPolicy, restart_delay
@@ -24,7 +27,7 @@ from tianji.rl.config import RecoveryConfig, RunConfig
 from tianji.run.config import load_config
 from tianji.runtime.controller import Controller
 from tianji.runtime.errors import ConfigError
-from tianji.runtime.events import Heartbeat
+from tianji.runtime.events import Heartbeat, RegisterService
 from tianji.services.balancer import Balancer, accounting
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,6 +91,114 @@ def test_a_retired_incarnation_keeps_its_counts_and_what_it_held_is_lost_in_rest
     final = accounting(controller.heartbeats, on_policy=False)
     assert final["produced"] == 1300 and final["buffered"] == 300 and final["balanced"]
     assert "buffer-0#1" in controller.heartbeats
+
+
+class _Conn:
+    """A controller connection that takes whatever is sent to it."""
+
+    peer = "test"
+
+    async def send(self, frames: object) -> None:
+        pass
+
+
+def _register(name: str, role: str, pid: int) -> RegisterService:
+    return RegisterService(
+        name=name, role=role, address="tcp://127.0.0.1:1", publishes=(), host="h", pid=pid
+    )
+
+
+def test_a_service_back_as_a_new_process_is_retired_and_counted_as_a_restart() -> None:
+    """Restarted where it runs (``tianji serve --restart``), no launcher retires the dead
+    process: the controller does when the name registers from another pid. The same
+    process reconnecting (a healed partition) is no restart."""
+
+    async def main() -> tuple[Controller, list[tuple[str, str, int]]]:
+        controller = Controller(plugins=[Balancer(BalanceConfig())])
+        seen: list[tuple[str, str, int]] = []
+        controller.reincarnated = lambda *args: seen.append(args)
+        old, again, new = _Conn(), _Conn(), _Conn()
+        held = _hb("buffer-0", "buffer", {"samples_inserted": 1000}, buffered_samples=1000)
+        await controller.on_request(_register("buffer-0", "buffer", pid=100), old)  # type: ignore[arg-type]
+        await controller.on_request(held, old)  # type: ignore[arg-type]
+        await controller.on_request(_register("buffer-0", "buffer", pid=100), again)  # type: ignore[arg-type]
+        assert controller.restarts["buffer-0"] == 0 and seen == []
+        await controller.on_request(_register("buffer-0", "buffer", pid=200), new)  # type: ignore[arg-type]
+        return controller, seen
+
+    controller, seen = asyncio.run(main())
+    assert controller.restarts["buffer-0"] == 1 and seen == [("buffer-0", "buffer", 1)]
+    assert controller.heartbeats["buffer-0#1"].state == "dead"
+    assert "buffer-0" not in controller.heartbeats  # the new process reports from zero
+    books = accounting(controller.heartbeats, on_policy=False)
+    assert books["dropped"] == {"lost_in_restart": 1000} and books["balanced"], books
+
+
+def test_a_heartbeat_of_a_retired_process_is_ignored_and_its_successor_not_retired_again() -> None:
+    """The local launcher retires a dead service before it starts the next one: a
+    heartbeat still in flight from the dead process must not bring its counts back, and
+    the next process (another pid) is not taken for a second restart."""
+
+    async def main() -> Controller:
+        controller = Controller(plugins=[Balancer(BalanceConfig())])
+        old, new = _Conn(), _Conn()
+        await controller.on_request(_register("actor-0", "actor", pid=100), old)  # type: ignore[arg-type]
+        await controller.on_request(_hb("actor-0", "actor", {"samples_produced": 500}), old)  # type: ignore[arg-type]
+        controller.retire("actor-0")
+        await controller.on_request(_hb("actor-0", "actor", {"samples_produced": 600}), old)  # type: ignore[arg-type]
+        assert "actor-0" not in controller.heartbeats
+        await controller.on_request(_register("actor-0", "actor", pid=200), new)  # type: ignore[arg-type]
+        await controller.on_request(_hb("actor-0", "actor", {"samples_produced": 7}), new)  # type: ignore[arg-type]
+        return controller
+
+    controller = asyncio.run(main())
+    assert controller.restarts["actor-0"] == 1
+    assert controller.heartbeats["actor-0#1"].counters["samples_produced"] == 500
+    assert controller.heartbeats["actor-0"].counters["samples_produced"] == 7
+
+
+def test_a_buffer_restored_from_a_snapshot_counts_only_its_own_evictions() -> None:
+    """The snapshot's storage counts every eviction since the run began; those belong to
+    the incarnations before (their retired heartbeats count them): counting them again
+    broke the books of a DQN chaos run from its second buffer restart on."""
+    from tianji.launch.spec import build_service
+    from tianji.rl.checkpoint import pack_state
+    from tianji.rl.events import RestoreCheckpoint
+    from tianji.run.plan import RunPlan
+    from tianji.services.buffer import BufferService
+
+    config = load_config(
+        DQN, ["algo.buffer_capacity=100", "algo.learning_starts=10", "checkpoint.replay=true"]
+    )
+    (spec,) = [s for s in RunPlan.build(config).specs if s.role == "buffer"]
+    old, new = (
+        build_service(dataclasses.replace(spec, options={**spec.options, "restore": r}))
+        for r in (False, True)
+    )
+    assert isinstance(old, BufferService) and isinstance(new, BufferService)
+    obs = np.zeros((10, 4, 4), np.float32)  # 10 steps x 4 envs of CartPole
+    fragment = {"obs": obs, "action": np.zeros((10, 4), np.int64),
+                "reward": np.ones((10, 4), np.float32), "done": np.zeros((10, 4), bool),
+                "next_obs": obs}  # fmt: skip
+    for _ in range(15):  # more than the 100 slots hold: evictions before the snapshot
+        old.buffer.add(fragment, policy_version=0)
+    before = old.buffer.statistics()
+    assert before["size"] == 100 and before["evicted"] > 0, before
+    state = np.frombuffer(pack_state(old.buffer.state_dict()), np.uint8)
+
+    async def restore() -> None:
+        await new.on_restore(RestoreCheckpoint(policy_version=3, state=state))
+
+    asyncio.run(restore())
+    new._count_evictions()
+    assert new.counters["samples_restored"] == 100
+    assert new.counters["dropped/evicted"] == 0
+    new.buffer.add(fragment, policy_version=3)  # its own inserts evict as many
+    added = new.buffer.statistics()["inserted"] - before["inserted"]
+    new._count_evictions()
+    assert added > 0 and new.counters["dropped/evicted"] == added
+    # this incarnation's books: restored + inserted = stored + evicted
+    assert 100 + added == len(new.buffer) + new.counters["dropped/evicted"]
 
 
 # ---------------------------------------------------------------------- end to end

@@ -1,6 +1,6 @@
 """``tianji bench chaos``: kill -9 a random service every few seconds during a training run.
 
-A ``tianji train CONFIG`` run (local backend, with its dashboard) trains for
+A ``tianji train CONFIG`` run (``--backend local`` or ``ray``, with its dashboard) trains for
 ``--minutes`` minutes; after ``--warmup`` seconds, every ``--every`` seconds one running
 service of a restartable role (actors, inference services, buffers, evaluation workers, the
 parameter service, and the learner when ``[recovery] learner = "resume"``; never the
@@ -104,6 +104,7 @@ def run_chaos(
     restarts: int,
     sets: list[str],
     out: Path,
+    backend: str = "local",
 ) -> dict[str, Any]:
     """Run the chaos (see the module docstring) and return its report."""
     from tianji.run.config import load_config
@@ -117,6 +118,7 @@ def run_chaos(
     cmd = [sys.executable, "-m", "tianji", "train", config, "--dashboard", "127.0.0.1:0"]
     cmd += ["--run-dir", str(out), "--summary", str(summary_path)]
     cmd += ["--target-return", "1e9", "--max-seconds", str(warmup + minutes * 60 + 120)]
+    cmd += ["--backend", backend]
     for s in [*budget, *sets]:
         cmd += ["--set", s]
     log = (out / "train.log").open("w")
@@ -234,6 +236,7 @@ def run_chaos(
         k.pop("at", None)
     return {
         "config": config,
+        "backend": backend,
         "every_s": every,
         "minutes": minutes,
         "seed": seed,
@@ -320,6 +323,12 @@ def add_parser(bench: Any) -> None:
     b.add_argument("--seed", type=int, default=0, help="which services are picked (0)")
     b.add_argument("--restarts", type=int, default=1000, help="restarts per service (1000)")
     b.add_argument(
+        "--backend",
+        choices=["local", "ray"],
+        default="local",
+        help="where the services run: processes here, or Ray actors (a local Ray)",
+    )
+    b.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="passed to tianji train"
     )
     b.add_argument("--out", metavar="DIR", help="the run directory and chaos.json/chaos.md")
@@ -342,6 +351,7 @@ def _cmd(args: Any) -> int:
         restarts=args.restarts,
         sets=list(args.set),
         out=out,
+        backend=args.backend,
     )
     table = markdown(report)
     (out / "chaos.json").write_text(json.dumps(report, indent=2))

@@ -62,6 +62,14 @@ def add_deploy_parsers(sub: Any) -> None:
         default="auto",
         help="between services of one host: shared memory where available (auto) or tcp",
     )
+    p.add_argument(
+        "--restart",
+        type=int,
+        default=0,
+        metavar="N",
+        help="start the service again when it dies, up to N times (default 0: its death "
+        'is final); a learner needs [recovery] learner = "resume"',
+    )
     _add_security_options(p)
     p.set_defaults(func=_cmd_serve)
 
@@ -95,4 +103,4 @@ def _cmd_serve(args: Any) -> int:
         advertise=args.advertise,
         local=args.local,
     )
-    return serve(spec, config_digest(config))
+    return serve(spec, config_digest(config), restarts=args.restart, config=config)

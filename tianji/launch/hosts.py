@@ -9,7 +9,9 @@ drain and stop and waits until each has left.
 
 A service that leaves the registry mid-run (its host went away, its process died) has
 ``rejoin_timeout`` seconds to register again (services reconnect to the controller by
-themselves); after that the run stops and fails, naming it.
+themselves; ``tianji serve --restart`` starts a dead one again); after that the run stops
+and fails, naming it. A service that comes back as a new process is retired and counted as
+a restart by the controller (:attr:`Controller.reincarnated`).
 """
 
 from __future__ import annotations
@@ -55,6 +57,12 @@ class HostLauncher(LocalLauncher):
         self.join_timeout = join_timeout
         self.rejoin_timeout = rejoin_timeout
         self.on_joined = on_joined
+        self._fatal: str | None = None
+
+    def fail(self, reason: str) -> None:
+        """End the run at the next check with ``reason`` (``"failed NAME ..."``)."""
+        if self._fatal is None:
+            self._fatal = reason
 
     def missing(self) -> list[str]:
         """Expected services not registered right now."""
@@ -115,7 +123,7 @@ class HostLauncher(LocalLauncher):
                 now = time.monotonic()
                 if self.timeout is not None and now - started >= self.timeout:
                     return "timeout"
-                reason = self._check_departures(gone_since, now)
+                reason = self._fatal or self._check_departures(gone_since, now)
                 if reason is not None:
                     return reason
                 if self.progress and now >= next_progress:

@@ -2,7 +2,8 @@
 
 The service spec arrives as JSON on stdin (never pickle). The worker asks the kernel to
 SIGTERM it when its parent dies (Linux ``PR_SET_PDEATHSIG``), turns SIGTERM/SIGINT into a
-graceful stop, runs the service and exits 0 on a clean stop, 1 on failure.
+graceful stop, runs the service and exits 0 on a clean stop, 1 on failure, 2 when the
+controller refused it (another run config: ``--digest``, see ``tianji serve``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import signal
 import sys
 
 from tianji.launch.spec import ServiceSpec, build_service
+from tianji.runtime.controller import REFUSED
 from tianji.runtime.loop import run
 from tianji.runtime.service import Service
 
@@ -47,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run", required=True, help="run id (also marks the process)")
     parser.add_argument("--name", required=True, help="service name")
     parser.add_argument("--parent", type=int, required=True, help="launcher pid")
+    parser.add_argument("--digest", default="", help="the run config's digest (tianji serve)")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=os.environ.get("TIANJI_LOG_LEVEL", "WARNING"),
@@ -55,11 +58,15 @@ def main(argv: list[str] | None = None) -> int:
     _die_with_parent(args.parent)
     spec = ServiceSpec.from_json(json.loads(sys.stdin.read()))
     service = build_service(spec)
+    service.run_digest = args.digest
     try:
         run(_serve(service))
     except Exception:
         log.exception("service %s failed", args.name)
         return 1
+    if service.stop_reason.startswith(REFUSED):
+        log.error("%s: %s", args.name, service.stop_reason)
+        return 2
     return 0
 
 

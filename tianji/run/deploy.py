@@ -22,6 +22,14 @@ second shared-memory listener; the controller hands each subscriber the shared-m
 address of publishers on its own host (same host and network namespace) and the TCP
 address of the others. The controller refuses a service whose config differs from its
 own (a digest of the run config, stop conditions and run directory aside).
+
+``tianji serve ... --restart N`` keeps the service alive on its host: it runs in a child
+process that is started again when it dies, up to N times (:mod:`tianji.launch.supervisor`);
+the controller counts each new process as a restart of the service, with the same
+accounting as a restart by the local launcher. A restarted learner (``[recovery] learner =
+"resume"``, one learner) gets the run's newest checkpoint from the controller's monitor.
+A host cut off by the network keeps its processes: its services reconnect when the link
+is back, and the controller waits ``--rejoin-timeout`` seconds for them.
 """
 
 from __future__ import annotations
@@ -34,15 +42,18 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from typing import Any, TextIO
 
 from tianji import transports
 from tianji.dashboard import launch_plan
 from tianji.launch.hosts import HostLauncher
 from tianji.launch.spec import ServiceSpec, build_service
+from tianji.launch.supervisor import supervise
 from tianji.rl.config import RunConfig, to_dict
 from tianji.run.plan import RunPlan
-from tianji.runtime.controller import RELAY_ROLE
+from tianji.run.recovery import restart_policy
+from tianji.runtime.controller import REFUSED, RELAY_ROLE
 from tianji.runtime.errors import ConfigError, ServiceFailed
 from tianji.runtime.loop import run
 from tianji.runtime.service import Service
@@ -55,8 +66,6 @@ __all__ = [
     "serve",
     "serve_spec",
 ]
-
-REFUSED = "refused:"  # the start of a Shutdown reason the controller gives a bad joiner
 
 
 def config_digest(config: RunConfig) -> str:
@@ -227,6 +236,7 @@ def run_controller(
     )
     launcher.controller.advertise = advertise
     launcher.controller.run_digest = config_digest(config)
+    launcher.controller.reincarnated = _resume_reincarnated(plan, launcher, out)
     print(
         f"tianji controller: run of {config.algorithm} on {config.env.id}; waiting for "
         f"{', '.join(s.name for s in plan.specs)}; controller bind {bind}"
@@ -238,6 +248,29 @@ def run_controller(
         started = time.monotonic()
         reason = launch_plan(plan, launcher).reason
         return plan.finish(launcher.controller, reason, time.monotonic() - started, summary_path)
+
+
+def _resume_reincarnated(
+    plan: RunPlan, launcher: HostLauncher, out: TextIO
+) -> Callable[[str, str, int], None]:
+    """What the controller does when a service restarted on its host registers again: a
+    learner's new process gets the newest checkpoint (the run fails naming it if there is
+    none); every other role needs nothing from here."""
+    policy = restart_policy(plan, launcher.controller, out)
+    specs = {s.name: s for s in plan.specs}
+
+    def reincarnated(name: str, role: str, k: int) -> None:
+        if role != "learner" or policy.prepare is None or name not in specs:
+            return
+        if plan.config.recovery.learner != "resume":
+            launcher.fail(
+                f"failed {name} was restarted on its host, but [recovery] learner = "
+                '"stop" (a new learner cannot continue the run)'
+            )
+        elif policy.prepare(specs[name], k) is None:
+            launcher.fail(f"failed {name} was restarted on its host and cannot resume")
+
+    return reincarnated
 
 
 def serve_spec(
@@ -302,8 +335,36 @@ async def _serve(service: Service) -> None:
     await service.run()
 
 
-def serve(spec: Any, digest: str, out: TextIO = sys.stdout) -> int:
-    """Run one service of a run until the controller ends it; the process exit code."""
+def serve(
+    spec: Any,
+    digest: str,
+    out: TextIO = sys.stdout,
+    *,
+    restarts: int = 0,
+    config: RunConfig | None = None,
+) -> int:
+    """Run one service of a run until the controller ends it; the process exit code.
+
+    With ``restarts`` > 0 the service runs in a child process that is started again when
+    it dies (:mod:`tianji.launch.supervisor`); a learner then needs ``config`` with
+    ``[recovery] learner = "resume"`` (each new one waits for the run's newest checkpoint,
+    which the controller's monitor sends it).
+
+    Raises:
+        ConfigError: for ``restarts`` < 0, or a learner whose run cannot resume it.
+    """
+    if restarts < 0:
+        raise ConfigError("--restart", restarts, "an int >= 0")
+    if restarts:
+        prepare = _restart_prepare(spec, restarts, config)
+        print(
+            f"tianji serve: {spec.name} joining the run at {spec.controller} "
+            f"(restarted up to {restarts} times)",
+            file=out,
+            flush=True,
+        )
+        backoff = config.recovery.backoff if config is not None else 1.0
+        return run(supervise(spec, digest, restarts, out=out, backoff=backoff, prepare=prepare))
     service = build_service(spec)
     service.run_digest = digest
     print(f"tianji serve: {spec.name} joining the run at {spec.controller}", file=out, flush=True)
@@ -317,3 +378,31 @@ def serve(spec: Any, digest: str, out: TextIO = sys.stdout) -> int:
         return 2
     print(f"tianji serve: {spec.name} stopped: {service.stop_reason}", file=out, flush=True)
     return 0
+
+
+def _restart_prepare(
+    spec: ServiceSpec, restarts: int, config: RunConfig | None
+) -> Callable[[ServiceSpec, int], ServiceSpec] | None:
+    """How restart ``k`` of ``spec`` is started: a learner waits for its checkpoint.
+
+    Raises:
+        ConfigError: for a learner whose run cannot resume it.
+    """
+    if spec.role != "learner":
+        return None
+    if config is None or config.recovery.learner != "resume":
+        raise ConfigError(
+            "--restart",
+            restarts,
+            '0 for a learner unless [recovery] learner = "resume" (a new learner resumes from '
+            "the run's newest checkpoint; without it a dead learner ends the run)",
+        )
+    if config.learner.count > 1:
+        raise ConfigError(
+            "--restart",
+            restarts,
+            f"0 for a learner with learner.count = {config.learner.count}: data-parallel "
+            "learners restart together, which one launcher does for all of them "
+            "(tianji train, local or Ray), not one supervisor per host",
+        )
+    return lambda s, k: dataclasses.replace(s, options={**s.options, "restore": True})

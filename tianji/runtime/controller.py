@@ -46,7 +46,7 @@ from tianji.runtime.events import (
 )
 from tianji.runtime.service import CONTROL, Service
 
-__all__ = ["RELAY_ROLE", "Controller", "ControllerPlugin", "Send", "ServiceRecord"]
+__all__ = ["REFUSED", "RELAY_ROLE", "Controller", "ControllerPlugin", "Send", "ServiceRecord"]
 
 log = logging.getLogger("tianji.controller")
 
@@ -63,6 +63,8 @@ second; spaced so, it costs O(services) per interval and at most a bounded share
 (0.2 ms apart with 10 services: no delay; 20 ms with 1,000; 50 ms from 2,500 on)."""
 
 RELAY_ROLE = "relay"
+REFUSED = "refused:"
+"""How the reason of a :class:`Shutdown` refusing a registration starts."""
 """Services of this role republish a topic for the subscribers of their locality (a
 per-host params relay): those subscribers are told the relay only, the relay the origin."""
 
@@ -149,6 +151,11 @@ class Controller(Service):
         self.reports: dict[str, ServiceReported] = {}
         self.heartbeats: dict[str, Heartbeat] = {}  # latest per service, kept after it leaves
         self.restarts: collections.Counter[str] = collections.Counter()  # by service name
+        self.reincarnated: Callable[[str, str, int], None] | None = None
+        """Called with (name, role, k) when a service registers as a new process (another
+        host or pid than its last registration) that no launcher retired: the k-th
+        restart of a service restarted where it runs (``tianji serve --restart``)."""
+        self._incarnations: dict[str, tuple[str, int] | None] = {}  # (host, pid); None: retired
         self._watchers: dict[str, set[Connection]] = {}
         self._by_conn: dict[Connection, ServiceRecord] = {}  # the registry by connection
         self._dirty: set[str] = set()  # topics whose watchers are told soon (_announce_soon)
@@ -290,7 +297,11 @@ class Controller(Service):
                 )
         elif isinstance(ev, Heartbeat):
             record = self.registry.get(ev.name)
-            if record is not None and record.conn is conn:
+            if (
+                record is not None
+                and record.conn is conn
+                and self._incarnations.get(ev.name, ()) is not None  # not a retired one's
+            ):
                 self.heartbeats[ev.name] = ev
                 record.last_heartbeat = ev
                 record.last_seen = time.monotonic()
@@ -307,13 +318,22 @@ class Controller(Service):
     async def _register(self, ev: RegisterService, conn: Connection) -> None:
         if self.run_digest and ev.run_digest and ev.run_digest != self.run_digest:
             why = (
-                f"refused: {ev.name}'s run config (digest {ev.run_digest}) differs from the "
+                f"{REFUSED} {ev.name}'s run config (digest {ev.run_digest}) differs from the "
                 f"controller's ({self.run_digest}); start it with the same config and --set"
             )
             log.error("%s", why)
             self.counters["registrations_refused"] += 1
             await self._tell(conn, Shutdown(reason=why))
             return
+        known = self._incarnations.get(ev.name, (ev.host, ev.pid))
+        if known is not None and known != (ev.host, ev.pid) and ev.name in self.heartbeats:
+            # a new process under a known name that no launcher retired: it was restarted
+            # where it runs (tianji serve --restart); the old one is dead
+            log.warning("%s registered as a new process (pid %d on %s)", ev.name, ev.pid, ev.host)
+            self.retire(ev.name)
+            if self.reincarnated is not None:
+                self.reincarnated(ev.name, ev.role, self.restarts[ev.name])
+        self._incarnations[ev.name] = (ev.host, ev.pid)
         if self.restarts.get(ev.name) and ev.name not in self.heartbeats:
             retired = f"{ev.name}#{self.restarts[ev.name]}"  # the next incarnation joins
             for plugin in self.plugins:
@@ -392,6 +412,7 @@ class Controller(Service):
         held as lost, :meth:`ControllerPlugin.retired`), and let the next incarnation
         report from zero under ``name``."""
         self.restarts[name] += 1
+        self._incarnations[name] = None  # its heartbeats end here; the next one registers
         for plugin in self.plugins:
             plugin.forget(name)
         hb = self.heartbeats.pop(name, None)

@@ -104,6 +104,7 @@ class BufferService(Service):
         self.subscribe(REQUESTS, self.on_request_batches)
         self.subscribe(priorities_topic(index, shards), self.on_priorities)
         self._restored: asyncio.Event | None = None
+        self._evicted_before = 0  # evictions a restored snapshot counted before us
         if restore:
             self._restored = asyncio.Event()
             self.subscribe(replay_restore_topic(name), self.on_restore)
@@ -134,6 +135,9 @@ class BufferService(Service):
             self.fail(f"cannot restore the replay snapshot: {exc}")
             return
         self.counters[BufferStat.SAMPLES_RESTORED] = len(self.buffer)
+        # the snapshot's storage counts the evictions of the incarnations before it (kept
+        # in their own heartbeats, or in the run before a resume): count only ours
+        self._evicted_before = int(self.buffer.statistics()["evicted"])
         self.learner_version = max(self.learner_version, ev.policy_version)
         self._update_size()
         self._restored.set()
@@ -251,7 +255,7 @@ class BufferService(Service):
         if isinstance(self.buffer, RolloutBuffer):
             self.counters[Dropped.EVICTED] = self.buffer.evicted_transitions
         else:
-            self.counters[Dropped.EVICTED] = evicted
+            self.counters[Dropped.EVICTED] = evicted - self._evicted_before
         self._update_size()
 
     def _update_size(self) -> None:

@@ -1,0 +1,128 @@
+"""Keep one service of a hand-deployed run alive: ``tianji serve ROLE CONFIG --restart N``.
+
+The supervisor runs the service in a child process (``python -m tianji.launch.worker``,
+the spec as JSON on stdin, as the local launcher starts its services) and starts it again
+when it dies — killed, crashed or failed — up to ``restarts`` times, after
+:func:`~tianji.launch.base.restart_delay` (``backoff`` seconds, doubled over deaths in a
+row that came less than ``stable_after`` seconds after a start, at most ``backoff_max``).
+
+The new incarnation registers under the same name from another pid; the controller sees a
+new process where no launcher retired the old one, retires it itself (its last counts are
+kept under ``NAME#k``, what it held is counted as ``dropped/lost_in_restart``) and counts
+the restart (``restarts`` in the summary and the dashboard), exactly as for a service the
+local launcher restarts. The controller's host waits ``rejoin_timeout`` seconds for a
+service that left, so a restart must come back within that.
+
+The supervisor ends (with the child's code) when the service stopped cleanly (0: the run
+ended), when the controller refused it (2: another run config), or when its budget is
+spent (1). SIGTERM / SIGINT are passed to the child, which drains and stops.
+
+Usage::
+
+    code = run(supervise(spec, digest="...", restarts=3, out=sys.stdout))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from typing import TextIO
+
+from tianji.launch.base import RestartPolicy, restart_delay
+from tianji.launch.spec import ServiceSpec
+
+__all__ = ["supervise"]
+
+Prepare = Callable[[ServiceSpec, int], ServiceSpec]
+"""The spec of restart ``k`` (e.g. a learner told to wait for its checkpoint)."""
+
+
+async def _start(spec: ServiceSpec, digest: str) -> asyncio.subprocess.Process:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tianji.launch.worker",
+        "--run",
+        "serve",
+        "--name",
+        spec.name,
+        "--parent",
+        str(os.getpid()),
+        "--digest",
+        digest,
+        stdin=asyncio.subprocess.PIPE,
+        start_new_session=True,  # signals reach it through the supervisor only
+    )
+    assert proc.stdin is not None
+    proc.stdin.write(json.dumps(spec.to_json()).encode())
+    await proc.stdin.drain()
+    proc.stdin.close()
+    return proc
+
+
+async def supervise(
+    spec: ServiceSpec,
+    digest: str,
+    restarts: int,
+    *,
+    out: TextIO = sys.stdout,
+    backoff: float = 1.0,
+    prepare: Prepare | None = None,
+) -> int:
+    """Run ``spec`` in a child process and restart it when it dies (module docstring).
+
+    Returns:
+        0 after a clean stop, 2 when the controller refused the service, 1 when it died
+        with no restart left.
+    """
+    policy = RestartPolicy(budget=lambda s: restarts, backoff=backoff)
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    child: asyncio.subprocess.Process | None = None
+
+    def stop(sig: signal.Signals) -> None:
+        stopping.set()
+        if child is not None and child.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                child.send_signal(signal.SIGTERM)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop, sig)
+    done, quick = 0, 0
+    current = spec
+    while True:
+        child = await _start(current, digest)
+        born = time.monotonic()
+        print(f"tianji serve: {spec.name} running (pid {child.pid})", file=out, flush=True)
+        code = await child.wait()
+        if code in (0, 2):  # stopped cleanly, or refused by the controller
+            return code
+        if stopping.is_set():  # told to stop, and it did not stop cleanly
+            return 1
+        why = f"exited with code {code}"
+        if done >= restarts:
+            print(
+                f"tianji serve: {spec.name} {why}; no restart left (--restart {restarts})",
+                file=sys.stderr,
+                flush=True,
+            )
+            return 1
+        delay, quick = restart_delay(policy, time.monotonic() - born, quick)
+        done += 1
+        print(
+            f"tianji serve: {spec.name} {why}; restart {done} of {restarts} in {delay:.1f} s",
+            file=out,
+            flush=True,
+        )
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stopping.wait(), delay)
+        if stopping.is_set():
+            return 0
+        current = prepare(spec, done) if prepare is not None else dataclasses.replace(spec)
