@@ -14,8 +14,9 @@ report says:
 * the mean return before the first kill and at the end;
 * whether the accounting identity held in every metrics row and in the summary;
 * leftovers: processes of the run still alive after it ended, new files in ``/dev/shm``;
-* RSS growth of the services that were never killed (first kill to the end, from
-  ``/proc/PID/status``).
+* RSS growth of the services that were never killed (from ``/proc/PID/status``), from the
+  first kill to the end and over the second half (a run still filling its replay buffer
+  grows at first; a leak keeps growing).
 
 Goal (issue 22): one kill every 10 s for 10 min on the PPO example with ``learner =
 "resume"``: the run keeps learning, the accounting balanced in every row, no leftovers.
@@ -151,6 +152,8 @@ def run_chaos(
         deadline = time.monotonic() + minutes * 60
         next_kill = time.monotonic()
         pending: dict[str, dict[str, Any]] = {}  # service -> its kill, until it is back
+        halfway = time.monotonic() + minutes * 30
+        rss_mid: dict[str, float | None] = {}
         while time.monotonic() < deadline:
             try:
                 status = _status(url)
@@ -162,6 +165,8 @@ def run_chaos(
             rows = {s["name"]: s for s in status["services"]}
             pids_seen.update(s["pid"] for s in rows.values() if s["pid"])
             now = time.monotonic()
+            if not rss_mid and now >= halfway:
+                rss_mid = {n: _rss_mb(p) for n, p in first.items()}
             for name, kill in list(pending.items()):
                 row = rows.get(name)
                 if row and row["state"] == "running" and row["pid"] not in (None, kill["pid"]):
@@ -255,6 +260,7 @@ def run_chaos(
         "leftover_processes": sorted(p for p in pids_seen if _alive(p)),
         "leftover_shm": sorted(shm_after - shm_before),
         "rss_growth_mb": _growth(rss_first, rss_end),
+        "rss_growth_second_half_mb": _growth(rss_mid, rss_end),
     }
 
 
@@ -304,7 +310,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"summary: {report['summary_balanced']}",
         f"- leftover processes: {report['leftover_processes']}, leftover /dev/shm files: "
         f"{report['leftover_shm']}",
-        f"- RSS growth of the services never killed (MB): {report['rss_growth_mb']}",
+        f"- RSS growth of the services never killed (MB): {report['rss_growth_mb']} from "
+        f"the first kill, {report['rss_growth_second_half_mb']} over the second half",
     ]
     return "\n".join(lines) + "\n"
 
