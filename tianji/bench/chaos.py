@@ -1,12 +1,15 @@
 """``tianji bench chaos``: kill -9 a random service every few seconds during a training run.
 
-A ``tianji train CONFIG`` run (``--backend local`` or ``ray``, with its dashboard) trains for
+A ``tianji train CONFIG`` run (``--backend local`` or ``ray``, with its dashboard; or with
+``--backend hosts`` a run deployed by hand on two network-namespace hosts, every service
+under ``tianji serve --restart``: :mod:`tianji.bench.chaos_hosts`) trains for
 ``--minutes`` minutes; after ``--warmup`` seconds, every ``--every`` seconds one running
 service of a restartable role (actors, inference services, buffers, evaluation workers, the
 parameter service, and the learner when ``[recovery] learner = "resume"``; never the
 controller or the monitor) chosen at random (``--seed``) gets SIGKILL. Every role gets
-``--restarts`` restarts per service. At the end the run is stopped cleanly (SIGTERM) and the
-report says:
+``--restarts`` restarts per service. With hosts, ``--cut-every S`` also takes the actors'
+host off the network for ``--cut-seconds`` every S seconds. At the end the run is stopped
+cleanly (SIGTERM) and the report says:
 
 * kills, how many of them came back (restart latency per role: p50 and max, from the kill to
   the new incarnation's first heartbeat) and the samples lost per kill
@@ -25,6 +28,7 @@ Goal (issue 22): one kill every 10 s for 10 min on the PPO example with ``learne
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -35,8 +39,9 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 __all__ = ["killable_roles", "run_chaos", "summarize_kills"]
 
@@ -95,6 +100,65 @@ def summarize_kills(kills: list[dict[str, Any]]) -> dict[str, Any]:
     return roles
 
 
+@dataclasses.dataclass
+class ChaosRun:
+    """A training run started for chaos: its main process (``tianji train`` or ``tianji
+    controller``), its dashboard's status URL, and for hosts the services' supervisors and
+    how to cut the actors' host off the network."""
+
+    proc: subprocess.Popen[str]
+    url: str
+    summary_path: Path
+    pump: subprocess.Popen[bytes]
+    log: IO[str]
+    cut: Callable[[bool], None] | None = None
+    supervisors: list[subprocess.Popen[bytes]] = dataclasses.field(default_factory=list)
+    cleanup: Callable[[], None] = lambda: None
+
+
+Logged = tuple[subprocess.Popen[str], str, subprocess.Popen[bytes], IO[str]]
+"""A started process, its dashboard's status URL, the pump of its output and its log."""
+
+
+def start_logged(cmd: Sequence[str], log_path: Path, env: dict[str, str] | None = None) -> Logged:
+    """Start ``cmd``; read its output until the dashboard line, then pump the rest to the
+    log file. Returns (process, status URL, pump, log file).
+
+    Raises:
+        RuntimeError: when no dashboard line came.
+    """
+    log = log_path.open("w")
+    proc = subprocess.Popen(
+        list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+    assert proc.stdout is not None
+    url = ""
+    for _ in range(60):
+        line = proc.stdout.readline()
+        log.write(line)
+        if line.startswith("dashboard: "):
+            url = line.split(" ", 1)[1].strip() + "api/status"
+            break
+    if not url:
+        proc.kill()
+        log.close()
+        raise RuntimeError(f"no dashboard line from {' '.join(cmd)}; see {log_path}")
+    # the rest of the output goes to the log file from a thread-free pump: a pipe must be read
+    pump = subprocess.Popen(["cat"], stdin=proc.stdout, stdout=log)
+    return proc, url, pump, log
+
+
+def _start_train(config: str, sets: list[str], out: Path, backend: str, seconds: float) -> ChaosRun:
+    summary_path = out / "summary.json"
+    cmd = [sys.executable, "-m", "tianji", "train", config, "--dashboard", "127.0.0.1:0"]
+    cmd += ["--run-dir", str(out), "--summary", str(summary_path)]
+    cmd += ["--target-return", "1e9", "--max-seconds", str(seconds), "--backend", backend]
+    for s in sets:
+        cmd += ["--set", s]
+    proc, url, pump, log = start_logged(cmd, out / "train.log")
+    return ChaosRun(proc, url, summary_path, pump, log)
+
+
 def run_chaos(
     config: str,
     *,
@@ -106,6 +170,8 @@ def run_chaos(
     sets: list[str],
     out: Path,
     backend: str = "local",
+    cut_every: float = 0.0,
+    cut_seconds: float = 5.0,
 ) -> dict[str, Any]:
     """Run the chaos (see the module docstring) and return its report."""
     from tianji.run.config import load_config
@@ -113,120 +179,24 @@ def run_chaos(
     learner_resumes = load_config(config, sets).recovery.learner == "resume"  # checks it too
     rng = random.Random(seed)
     out.mkdir(parents=True, exist_ok=True)
-    summary_path = out / "summary.json"
     shm_before = set(os.listdir(SHM_DIR)) if SHM_DIR.is_dir() else set()
     budget = [f"recovery.restarts.{r}={restarts}" for r in killable_roles(learner_resumes)]
-    cmd = [sys.executable, "-m", "tianji", "train", config, "--dashboard", "127.0.0.1:0"]
-    cmd += ["--run-dir", str(out), "--summary", str(summary_path)]
-    cmd += ["--target-return", "1e9", "--max-seconds", str(warmup + minutes * 60 + 120)]
-    cmd += ["--backend", backend]
-    for s in [*budget, *sets]:
-        cmd += ["--set", s]
-    log = (out / "train.log").open("w")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert proc.stdout is not None
-    url = ""
-    for _ in range(60):
-        line = proc.stdout.readline()
-        log.write(line)
-        if line.startswith("dashboard: "):
-            url = line.split(" ", 1)[1].strip() + "api/status"
-            break
-    if not url:
-        proc.kill()
-        raise RuntimeError(f"no dashboard line from {' '.join(cmd)}")
-    # the rest of the output goes to the log file from a thread-free pump: a pipe must be read
-    pump = subprocess.Popen(["cat"], stdin=proc.stdout, stdout=log)
-    pids_seen: set[int] = set()
-    kills: list[dict[str, Any]] = []
+    seconds = warmup + minutes * 60 + 120
+    if backend == "hosts":
+        from tianji.bench.chaos_hosts import start_hosts
+
+        run = start_hosts(config, [*budget, *sets], out, seconds, restarts, learner_resumes)
+    else:
+        run = _start_train(config, [*budget, *sets], out, backend, seconds)
     try:
-        status = _wait(url, lambda s: s["counters"]["episodes"] > 0, 180)
-        roles = killable_roles(learner_resumes)
-        time.sleep(warmup)
-        status = _status(url)
-        return_before = status["counters"]["mean_return"]
-        first = {s["name"]: s["pid"] for s in status["services"] if s["pid"]}
-        pids_seen.update(first.values())
-        rss_first = {name: _rss_mb(pid) for name, pid in first.items()}
-        print(f"chaos: first kill at {warmup:.0f} s, return {return_before}", file=sys.stderr)
-        deadline = time.monotonic() + minutes * 60
-        next_kill = time.monotonic()
-        pending: dict[str, dict[str, Any]] = {}  # service -> its kill, until it is back
-        halfway = time.monotonic() + minutes * 30
-        rss_mid: dict[str, float | None] = {}
-        while time.monotonic() < deadline:
-            try:
-                status = _status(url)
-            except OSError:  # the run ended (or its dashboard is busy): the report says which
-                if proc.poll() is not None:
-                    break
-                time.sleep(0.5)
-                continue
-            rows = {s["name"]: s for s in status["services"]}
-            pids_seen.update(s["pid"] for s in rows.values() if s["pid"])
-            now = time.monotonic()
-            if not rss_mid and now >= halfway:
-                rss_mid = {n: _rss_mb(p) for n, p in first.items()}
-            for name, kill in list(pending.items()):
-                row = rows.get(name)
-                if row and row["state"] == "running" and row["pid"] not in (None, kill["pid"]):
-                    kill["restart_s"] = round(now - kill["at"], 2)
-                    del pending[name]
-            if now >= next_kill:
-                candidates = [
-                    s for s in rows.values()
-                    if s["role"] in roles and s["state"] == "running" and s["pid"]
-                    and s["name"] not in pending
-                ]  # fmt: skip
-                if candidates:
-                    victim = rng.choice(sorted(candidates, key=lambda s: s["name"]))
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(victim["pid"], signal.SIGKILL)
-                    kill = {
-                        "t": round(now - deadline + minutes * 60, 1),
-                        "service": victim["name"],
-                        "role": victim["role"],
-                        "pid": victim["pid"],
-                        "at": now,
-                        "restart_s": None,
-                    }
-                    kills.append(kill)
-                    pending[victim["name"]] = kill
-                    print(f"chaos: [{kill['t']:6.1f} s] killed {victim['name']}", file=sys.stderr)
-                next_kill = now + every
-            if proc.poll() is not None:
-                break
-            time.sleep(0.25)
-        settle = time.monotonic() + 60  # let the last kills come back (backoff <= 30 s)
-        while pending and time.monotonic() < settle and proc.poll() is None:
-            with contextlib.suppress(OSError):
-                status = _status(url)
-            rows = {s["name"]: s for s in status["services"]}
-            for name, kill in list(pending.items()):
-                row = rows.get(name)
-                if row and row["state"] == "running" and row["pid"] not in (None, kill["pid"]):
-                    kill["restart_s"] = round(time.monotonic() - kill["at"], 2)
-                    del pending[name]
-            time.sleep(0.25)
-        killed = {k["service"] for k in kills}
-        rss_end = {
-            s["name"]: _rss_mb(s["pid"])
-            for s in status["services"]
-            if s["pid"] and s["name"] not in killed
-        }
-        return_end = status["counters"]["mean_return"]
+        found = _kill_loop(run, rng, killable_roles(learner_resumes), every, minutes, warmup,
+                           cut_every if run.cut is not None else 0.0, cut_seconds)  # fmt: skip
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        try:
-            code = proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            code = proc.wait()
-        pump.wait(timeout=30)
-        log.close()
+        code = _stop(run)
+    leftovers = sorted(p for p in found.pop("pids_seen") if _alive(p))
+    run.cleanup()
     time.sleep(2)
-    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    summary = json.loads(run.summary_path.read_text()) if run.summary_path.exists() else {}
     rows_file = next(out.glob("*/metrics.jsonl"), None)
     metric_rows = (
         [json.loads(x) for x in rows_file.read_text().splitlines() if x.strip()]
@@ -237,6 +207,7 @@ def run_chaos(
         r["t"] for r in metric_rows if r.get("accounting") and not r["accounting"]["balanced"]
     ]
     shm_after = set(os.listdir(SHM_DIR)) if SHM_DIR.is_dir() else set()
+    kills = found["kills"]
     for k in kills:
         k.pop("at", None)
     return {
@@ -250,18 +221,155 @@ def run_chaos(
         "kills": kills,
         "roles": summarize_kills(kills),
         "kills_survived": sum(k["restart_s"] is not None for k in kills),
+        "cuts": found["cuts"],
         "restarts": summary.get("restarts"),
         "lost_in_restart": (summary.get("samples_dropped") or {}).get("lost_in_restart", 0),
-        "return_before_first_kill": return_before,
-        "return_at_end": return_end,
+        "return_before_first_kill": found["return_before"],
+        "return_at_end": found["return_end"],
         "metrics_rows": len(metric_rows),
         "unbalanced_rows": unbalanced,
         "summary_balanced": (summary.get("accounting") or {}).get("balanced"),
-        "leftover_processes": sorted(p for p in pids_seen if _alive(p)),
+        "leftover_processes": leftovers,
         "leftover_shm": sorted(shm_after - shm_before),
-        "rss_growth_mb": _growth(rss_first, rss_end),
-        "rss_growth_second_half_mb": _growth(rss_mid, rss_end),
+        "rss_growth_mb": _growth(found["rss_first"], found["rss_end"]),
+        "rss_growth_second_half_mb": _growth(found["rss_mid"], found["rss_end"]),
     }
+
+
+def _stop(run: ChaosRun) -> int | None:
+    """Stop the run cleanly (SIGTERM to its main process); its exit code."""
+    if run.proc.poll() is None:
+        run.proc.send_signal(signal.SIGTERM)
+    try:
+        code = run.proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        run.proc.kill()
+        code = run.proc.wait()
+    for sup in run.supervisors:  # they end when the controller tells their services to stop
+        try:
+            sup.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            sup.kill()
+    run.pump.wait(timeout=30)
+    run.log.close()
+    return code
+
+
+def _kill_loop(
+    run: ChaosRun,
+    rng: random.Random,
+    roles: tuple[str, ...],
+    every: float,
+    minutes: float,
+    warmup: float,
+    cut_every: float,
+    cut_seconds: float,
+) -> dict[str, Any]:
+    """Kill a random service every ``every`` seconds (and cut the actors' host off every
+    ``cut_every`` seconds) for ``minutes``; what was seen."""
+    url, proc = run.url, run.proc
+    pids_seen: set[int] = {s.pid for s in run.supervisors}
+    kills: list[dict[str, Any]] = []
+    cuts: list[dict[str, float]] = []
+    status = _wait(url, lambda s: s["counters"]["episodes"] > 0, 180)
+    time.sleep(warmup)
+    status = _status(url)
+    return_before = status["counters"]["mean_return"]
+    first = {s["name"]: s["pid"] for s in status["services"] if s["pid"]}
+    pids_seen.update(first.values())
+    rss_first = {name: _rss_mb(pid) for name, pid in first.items()}
+    print(f"chaos: first kill at {warmup:.0f} s, return {return_before}", file=sys.stderr)
+    began = time.monotonic()
+    deadline = began + minutes * 60
+    halfway = began + minutes * 30
+    rss_mid: dict[str, float | None] = {}
+    next_kill = began
+    next_cut = began + cut_every if cut_every > 0 else float("inf")
+    cut_until: float | None = None
+    pending: dict[str, dict[str, Any]] = {}  # service -> its kill, until it is back
+    while time.monotonic() < deadline:
+        try:
+            status = _status(url)
+        except OSError:  # the run ended (or its dashboard is busy): the report says which
+            if proc.poll() is not None:
+                break
+            time.sleep(0.5)
+            continue
+        rows = {s["name"]: s for s in status["services"]}
+        pids_seen.update(s["pid"] for s in rows.values() if s["pid"])
+        now = time.monotonic()
+        if not rss_mid and now >= halfway:
+            rss_mid = {n: _rss_mb(p) for n, p in first.items()}
+        _settle(pending, rows, now)
+        if cut_until is not None and now >= cut_until:
+            assert run.cut is not None
+            run.cut(True)
+            cut_until = None
+            print(f"chaos: [{now - began:6.1f} s] link back", file=sys.stderr)
+        elif cut_until is None and now >= next_cut:
+            assert run.cut is not None
+            run.cut(False)
+            cut_until, next_cut = now + cut_seconds, now + cut_every
+            cuts.append({"t": round(now - began, 1), "seconds": cut_seconds})
+            print(f"chaos: [{now - began:6.1f} s] cut the actors' host off", file=sys.stderr)
+        if now >= next_kill:
+            candidates = [
+                s for s in rows.values()
+                if s["role"] in roles and s["state"] == "running" and s["pid"]
+                and s["name"] not in pending
+            ]  # fmt: skip
+            if candidates:
+                victim = rng.choice(sorted(candidates, key=lambda s: s["name"]))
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(victim["pid"], signal.SIGKILL)
+                kill = {
+                    "t": round(now - began, 1),
+                    "service": victim["name"],
+                    "role": victim["role"],
+                    "pid": victim["pid"],
+                    "at": now,
+                    "restart_s": None,
+                }
+                kills.append(kill)
+                pending[victim["name"]] = kill
+                print(f"chaos: [{kill['t']:6.1f} s] killed {victim['name']}", file=sys.stderr)
+            next_kill = now + every
+        if proc.poll() is not None:
+            break
+        time.sleep(0.25)
+    if cut_until is not None and run.cut is not None:
+        run.cut(True)
+    settle = time.monotonic() + 60  # let the last kills come back (backoff <= 30 s)
+    while pending and time.monotonic() < settle and proc.poll() is None:
+        with contextlib.suppress(OSError):
+            status = _status(url)
+        _settle(pending, {s["name"]: s for s in status["services"]}, time.monotonic())
+        time.sleep(0.25)
+    killed = {k["service"] for k in kills}
+    rss_end = {
+        s["name"]: _rss_mb(s["pid"])
+        for s in status["services"]
+        if s["pid"] and s["name"] not in killed
+    }
+    return {
+        "kills": kills,
+        "cuts": cuts,
+        "pids_seen": pids_seen,
+        "return_before": return_before,
+        "return_end": status["counters"]["mean_return"],
+        "rss_first": rss_first,
+        "rss_mid": rss_mid,
+        "rss_end": rss_end,
+    }
+
+
+def _settle(pending: dict[str, dict[str, Any]], rows: dict[str, Any], now: float) -> None:
+    """Mark the kills whose service runs again (a new pid) as restarted."""
+    for name, kill in list(pending.items()):
+        row = rows.get(name)
+        if row and row["state"] == "running" and row["pid"] not in (None, kill["pid"]):
+            kill["restart_s"] = round(now - kill["at"], 2)
+            del pending[name]
 
 
 def _growth(first: dict[str, float | None], end: dict[str, float | None]) -> dict[str, float]:
@@ -310,6 +418,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"summary: {report['summary_balanced']}",
         f"- leftover processes: {report['leftover_processes']}, leftover /dev/shm files: "
         f"{report['leftover_shm']}",
+        f"- backend: {report['backend']}; cuts of the actors' host's link: "
+        f"{len(report['cuts'])} ({', '.join(str(c['seconds']) + ' s' for c in report['cuts'])})",
         f"- RSS growth of the services never killed (MB): {report['rss_growth_mb']} from "
         f"the first kill, {report['rss_growth_second_half_mb']} over the second half",
     ]
@@ -331,10 +441,19 @@ def add_parser(bench: Any) -> None:
     b.add_argument("--restarts", type=int, default=1000, help="restarts per service (1000)")
     b.add_argument(
         "--backend",
-        choices=["local", "ray"],
+        choices=["local", "ray", "hosts"],
         default="local",
-        help="where the services run: processes here, or Ray actors (a local Ray)",
+        help="where the services run: processes here, Ray actors (a local Ray), or two "
+        "network-namespace hosts with tianji serve --restart (root and iproute2)",
     )
+    b.add_argument(
+        "--cut-every",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="with --backend hosts: take the actors' host off the network every S seconds",
+    )
+    b.add_argument("--cut-seconds", type=float, default=5.0, help="how long each cut lasts (5)")
     b.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="passed to tianji train"
     )
@@ -359,6 +478,8 @@ def _cmd(args: Any) -> int:
         sets=list(args.set),
         out=out,
         backend=args.backend,
+        cut_every=args.cut_every,
+        cut_seconds=args.cut_seconds,
     )
     table = markdown(report)
     (out / "chaos.json").write_text(json.dumps(report, indent=2))

@@ -79,6 +79,26 @@ class Bridge:
             self.destroy()
             raise
 
+    def root_ip(self) -> str:
+        """The address :meth:`join_root` gives this (the root) namespace."""
+        return f"10.{self.net[0]}.{self.net[1]}.254"
+
+    def join_root(self) -> str:
+        """Put this (the root) namespace on the bridge too, so that a program here reaches
+        every host (e.g. a dashboard a host serves); returns its address. Removed with the
+        namespaces by :meth:`destroy`.
+
+        Raises:
+            NetnsError: when that is not possible here.
+        """
+        near, far = f"tj{self.tag}ra", f"tj{self.tag}rb"
+        _sh("ip", "link", "add", far, "type", "veth", "peer", "name", near)
+        _sh("ip", "link", "set", near, "netns", self.ns[0])
+        _sh(*self._in(self.ns[0]), "ip", "link", "set", near, "master", "br0", "up")
+        _sh("ip", "addr", "add", f"{self.root_ip()}/24", "dev", far)
+        _sh("ip", "link", "set", far, "up")
+        return self.root_ip()
+
     def link(self, host: int, up: bool) -> None:
         """Take host ``host``'s only link down or up (from inside the host)."""
         far = self.veth[host][1]
