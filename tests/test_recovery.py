@@ -134,6 +134,31 @@ def test_a_service_back_as_a_new_process_is_retired_and_counted_as_a_restart() -
     assert books["dropped"] == {"lost_in_restart": 1000} and books["balanced"], books
 
 
+def test_fragments_on_their_way_to_a_dead_buffer_are_counted_lost_when_it_is_back() -> None:
+    """Actors sent 1,000 samples to replay buffer-0; it inserted 700 and died with 300 in
+    its sockets and queue. Without counting those, they stayed
+    ``in_flight`` forever, and an on-policy run's actors stayed paused behind them (a PPO
+    chaos run on two hosts froze so)."""
+
+    async def main() -> Controller:
+        controller = Controller(plugins=[Balancer(BalanceConfig())])
+        conns = [_Conn() for _ in range(4)]
+        actor, old, new = conns[0], conns[1], conns[2]
+        await controller.on_request(_register("actor-0", "actor", pid=1), actor)  # type: ignore[arg-type]
+        await controller.on_request(_register("buffer-0", "buffer", pid=2), old)  # type: ignore[arg-type]
+        await controller.on_request(_hb("actor-0", "actor", {"samples_produced": 1000}), actor)  # type: ignore[arg-type]
+        held = _hb("buffer-0", "buffer", {"samples_inserted": 700}, buffered_samples=700)
+        await controller.on_request(held, old)  # type: ignore[arg-type]
+        controller.retire("buffer-0")  # the launcher saw it die
+        await controller.on_request(_register("buffer-0", "buffer", pid=3), new)  # type: ignore[arg-type]
+        return controller
+
+    controller = asyncio.run(main())
+    books = accounting(controller.heartbeats, on_policy=False)
+    assert books["in_flight"] == 0, books
+    assert books["dropped"] == {"lost_in_restart": 700 + 300} and books["balanced"], books
+
+
 def test_a_heartbeat_of_a_retired_process_is_ignored_and_its_successor_not_retired_again() -> None:
     """The local launcher retires a dead service before it starts the next one: a
     heartbeat still in flight from the dead process must not bring its counts back, and

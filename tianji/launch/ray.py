@@ -73,6 +73,14 @@ def import_ray() -> ModuleType:
         raise ConfigError(
             "backend", "ray", f'Ray installed: pip install "tianji[ray]" ({exc})'
         ) from None
+    if not hasattr(ray, "is_initialized"):  # e.g. a directory named ray in the working dir
+        where = ", ".join(getattr(ray, "__path__", [])) or str(getattr(ray, "__file__", "?"))
+        raise ConfigError(
+            "backend",
+            "ray",
+            f'Ray installed (pip install "tianji[ray]"): the "ray" imported is {where}, '
+            "not Ray (a directory named ray in the working directory?)",
+        )
     return ray
 
 

@@ -103,6 +103,8 @@ class BalanceConfig:
     """Data-parallel learners; each is granted ``1/learners`` of the consume limit."""
     fragment_samples: int = 1
     """Samples one producer inserts per fragment (the step a resumed producer takes)."""
+    shards: int = 1
+    """Buffer shards (actor ``i`` sends to shard ``i % shards``)."""
     buffer_fragments: int = 0
     """On-policy: fragments the rollout buffer keeps (0: no limit); the grants never keep
     more outstanding, so the buffer never evicts what was granted."""
@@ -434,6 +436,7 @@ def balance_config(run: RunConfig, spec: BufferSpec, fragment_samples: int) -> B
         batch_samples=batch,
         fragment_samples=fragment_samples,
         learners=run.learner.count,
+        shards=run.buffer.shards,
         buffer_fragments=spec.capacity if on_policy else 0,
         watchdog_s=ctl.watchdog_seconds,
     )

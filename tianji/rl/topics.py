@@ -115,6 +115,20 @@ def observations_topic(index: int, count: int) -> str:
     return OBSERVATIONS if count == 1 else topic(ComputeActions, inference_name(index))
 
 
+def shard_of_actor(actor: int, shards: int) -> int:
+    """The buffer shard actor ``actor`` sends its trajectories to."""
+    return actor % shards
+
+
+def index_of(name: str) -> int:
+    """The index in a service name: ``actor-3`` and its retired ``actor-3#2`` -> 3.
+
+    Raises:
+        ValueError: for a name without one.
+    """
+    return int(name.split("#", 1)[0].rsplit("-", 1)[1])
+
+
 def trajectories_topic(shard: int, shards: int) -> str:
     """Actors -> buffer shard: ``TRAJECTORIES`` itself when there is one shard."""
     return TRAJECTORIES if shards == 1 else topic(TrajectoryCollected, buffer_name(shard))

@@ -28,6 +28,7 @@ from tianji.rl.topics import (
     LATEST_PARAMS,
     actions_topic,
     observations_topic,
+    shard_of_actor,
     trajectories_topic,
 )
 from tianji.runtime.board import Lease
@@ -58,7 +59,7 @@ class ActorService(Service):
     def __init__(self, name: str, *, config: dict[str, Any], index: int, **kwargs: Any) -> None:
         run = parse_run_config(config)
         shards = run.buffer.shards
-        self.trajectories = trajectories_topic(index % shards, shards)  # this actor's shard
+        self.trajectories = trajectories_topic(shard_of_actor(index, shards), shards)
         inference = run.inference.count
         self.observations = observations_topic(index % inference, inference)  # round-robin
         super().__init__(name, publishes=[self.trajectories, EPISODES, self.observations], **kwargs)

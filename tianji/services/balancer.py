@@ -31,6 +31,7 @@ from tianji.rl.events import (
     ResumeProduction,
 )
 from tianji.rl.stats import ActorStat, BufferStat, Dropped, LearnerStat
+from tianji.rl.topics import index_of, shard_of_actor
 from tianji.runtime.controller import Controller, Send
 from tianji.runtime.events import Event, Heartbeat
 
@@ -113,26 +114,53 @@ class Balancer:
         return dataclasses.replace(hb, counters=counters, gauges=gauges)
 
     def rejoined(self, retired: str, heartbeats: dict[str, Heartbeat]) -> None:
-        """Rollout batches a buffer sent to a learner that died before it received them
-        will never be consumed: count them as ``dropped/lost_in_restart`` (and received) on
-        its retired incarnation. Done when the next incarnation registers, when the
-        buffers' heartbeats have long reported their last sends; without it the controller
-        would wait for that backlog forever and keep the actors paused."""
+        """Samples on their way to a service that died will never arrive: count them as
+        ``dropped/lost_in_restart`` on its retired incarnation (and as received there, so
+        they leave ``in_flight``). A learner: rollout batches its buffer sent it; a buffer:
+        fragments its actors sent it and it never inserted (in the sockets, or queued in
+        it). Done when the next incarnation registers, when the other services' heartbeats
+        have long reported their last sends and before anyone could send to the new one;
+        without it the controller would wait for that backlog forever and keep the actors
+        paused (a PPO run under chaos on two hosts froze so)."""
         hb = heartbeats.get(retired)
-        if hb is None or hb.role != "learner":
+        if hb is None:
             return
-        beats = heartbeats.values()
-        sent = sum(b.counters.get(BufferStat.SAMPLES_SENT, 0) for b in beats if b.role == "buffer")
-        received = sum(
-            b.counters.get(LearnerStat.SAMPLES_RECEIVED, 0) for b in beats if b.role == "learner"
-        )
-        lost = sent - received
+        if hb.role == "learner":
+            beats = heartbeats.values()
+            sent = sum(
+                b.counters.get(BufferStat.SAMPLES_SENT, 0) for b in beats if b.role == "buffer"
+            )
+            received = sum(
+                b.counters.get(LearnerStat.SAMPLES_RECEIVED, 0)
+                for b in beats
+                if b.role == "learner"
+            )
+            self._lost_on_the_way(
+                heartbeats, retired, LearnerStat.SAMPLES_RECEIVED, sent - received
+            )
+        elif hb.role == "buffer":
+            shard = index_of(retired)
+            sent = sum(
+                b.counters.get(ActorStat.SAMPLES_PRODUCED, 0) - b.counters.get(Dropped.UNSENT, 0)
+                for n, b in heartbeats.items()
+                if b.role == "actor" and shard_of_actor(index_of(n), self.config.shards) == shard
+            )
+            inserted = sum(
+                b.counters.get(BufferStat.SAMPLES_INSERTED, 0)
+                for n, b in heartbeats.items()
+                if b.role == "buffer" and index_of(n) == shard
+            )
+            self._lost_on_the_way(heartbeats, retired, BufferStat.SAMPLES_INSERTED, sent - inserted)
+
+    @staticmethod
+    def _lost_on_the_way(
+        heartbeats: dict[str, Heartbeat], retired: str, received_key: str, lost: int
+    ) -> None:
         if lost <= 0:
             return
+        hb = heartbeats[retired]
         counters = dict(hb.counters)
-        counters[LearnerStat.SAMPLES_RECEIVED] = (
-            counters.get(LearnerStat.SAMPLES_RECEIVED, 0) + lost
-        )
+        counters[received_key] = counters.get(received_key, 0) + lost
         counters[Dropped.LOST_IN_RESTART] = counters.get(Dropped.LOST_IN_RESTART, 0) + lost
         heartbeats[retired] = dataclasses.replace(hb, counters=counters)
         log.warning("%s died with %d samples on their way to it: lost_in_restart", retired, lost)
