@@ -63,10 +63,10 @@ second; spaced so, it costs O(services) per interval and at most a bounded share
 (0.2 ms apart with 10 services: no delay; 20 ms with 1,000; 50 ms from 2,500 on)."""
 
 RELAY_ROLE = "relay"
-REFUSED = "refused:"
-"""How the reason of a :class:`Shutdown` refusing a registration starts."""
 """Services of this role republish a topic for the subscribers of their locality (a
 per-host params relay): those subscribers are told the relay only, the relay the origin."""
+REFUSED = "refused:"
+"""How the reason of a :class:`Shutdown` refusing a registration starts."""
 
 Send = Callable[[str, Event], Awaitable[bool]]
 """``await send(service_name, event) -> delivered``: how a plug-in sends a command."""
@@ -326,7 +326,7 @@ class Controller(Service):
             await self._tell(conn, Shutdown(reason=why))
             return
         known = self._incarnations.get(ev.name, (ev.host, ev.pid))
-        if known is not None and known != (ev.host, ev.pid) and ev.name in self.heartbeats:
+        if known is not None and known != (ev.host, ev.pid):
             # a new process under a known name that no launcher retired: it was restarted
             # where it runs (tianji serve --restart); the old one is dead
             log.warning("%s registered as a new process (pid %d on %s)", ev.name, ev.pid, ev.host)
