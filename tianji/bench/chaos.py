@@ -28,7 +28,6 @@ Goal (issue 22): one kill every 10 s for 10 min on the PPO example with ``learne
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import random
@@ -39,9 +38,10 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
+
+from tianji.bench.chaos_run import ChaosRun, start_logged
 
 __all__ = ["killable_roles", "run_chaos", "summarize_kills"]
 
@@ -98,54 +98,6 @@ def summarize_kills(kills: list[dict[str, Any]]) -> dict[str, Any]:
             "restart_max_s": round(took[-1], 2) if took else None,
         }
     return roles
-
-
-@dataclasses.dataclass
-class ChaosRun:
-    """A training run started for chaos: its main process (``tianji train`` or ``tianji
-    controller``), its dashboard's status URL, and for hosts the services' supervisors and
-    how to cut the actors' host off the network."""
-
-    proc: subprocess.Popen[str]
-    url: str
-    summary_path: Path
-    pump: subprocess.Popen[bytes]
-    log: IO[str]
-    cut: Callable[[bool], None] | None = None
-    supervisors: list[subprocess.Popen[bytes]] = dataclasses.field(default_factory=list)
-    cleanup: Callable[[], None] = lambda: None
-
-
-Logged = tuple[subprocess.Popen[str], str, subprocess.Popen[bytes], IO[str]]
-"""A started process, its dashboard's status URL, the pump of its output and its log."""
-
-
-def start_logged(cmd: Sequence[str], log_path: Path, env: dict[str, str] | None = None) -> Logged:
-    """Start ``cmd``; read its output until the dashboard line, then pump the rest to the
-    log file. Returns (process, status URL, pump, log file).
-
-    Raises:
-        RuntimeError: when no dashboard line came.
-    """
-    log = log_path.open("w")
-    proc = subprocess.Popen(
-        list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-    )
-    assert proc.stdout is not None
-    url = ""
-    for _ in range(60):
-        line = proc.stdout.readline()
-        log.write(line)
-        if line.startswith("dashboard: "):
-            url = line.split(" ", 1)[1].strip() + "api/status"
-            break
-    if not url:
-        proc.kill()
-        log.close()
-        raise RuntimeError(f"no dashboard line from {' '.join(cmd)}; see {log_path}")
-    # the rest of the output goes to the log file from a thread-free pump: a pipe must be read
-    pump = subprocess.Popen(["cat"], stdin=proc.stdout, stdout=log)
-    return proc, url, pump, log
 
 
 def _start_train(config: str, sets: list[str], out: Path, backend: str, seconds: float) -> ChaosRun:

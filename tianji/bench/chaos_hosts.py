@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tianji.bench.chaos import ChaosRun, start_logged
+from tianji.bench.chaos_run import ChaosRun, start_logged
 from tianji.bench.netns import Bridge
 
 __all__ = ["ACTOR_HOST_ROLES", "start_hosts"]
