@@ -113,7 +113,7 @@ def start_run(
         ],
         tmp / "controller.log",
     )
-    if placement is None:  # buffer-0 and actor-1 under a supervisor (tianji serve --restart)
+    if placement is None:  # buffer-0, learner-0, actor-1 under a supervisor (serve --restart)
         placement = [("a", "params", 0, []), ("a", "buffer", 0, ["--restart", "2"])]
         placement += [("a", "learner", 0, ["--restart", "1"])]
         placement += [("b", "actor", 0, ["--advertise", ip["b"]])]

@@ -95,34 +95,38 @@ async def supervise(
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop, sig)
-    done, quick = 0, 0
-    current = spec
-    while True:
-        child = await _start(current, digest)
-        born = time.monotonic()
-        print(f"tianji serve: {spec.name} running (pid {child.pid})", file=out, flush=True)
-        code = await child.wait()
-        if code in (0, 2):  # stopped cleanly, or refused by the controller
-            return code
-        if stopping.is_set():  # told to stop, and it did not stop cleanly
-            return 1
-        why = f"exited with code {code}"
-        if done >= restarts:
+    try:
+        done, quick = 0, 0
+        current = spec
+        while True:
+            child = await _start(current, digest)
+            born = time.monotonic()
+            print(f"tianji serve: {spec.name} running (pid {child.pid})", file=out, flush=True)
+            code = await child.wait()
+            if code in (0, 2):  # stopped cleanly, or refused by the controller
+                return code
+            if stopping.is_set():  # told to stop, and it did not stop cleanly
+                return 1
+            why = f"exited with code {code}"
+            if done >= restarts:
+                print(
+                    f"tianji serve: {spec.name} {why}; no restart left (--restart {restarts})",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                return 1
+            delay, quick = restart_delay(policy, time.monotonic() - born, quick)
+            done += 1
             print(
-                f"tianji serve: {spec.name} {why}; no restart left (--restart {restarts})",
-                file=sys.stderr,
+                f"tianji serve: {spec.name} {why}; restart {done} of {restarts} in {delay:.1f} s",
+                file=out,
                 flush=True,
             )
-            return 1
-        delay, quick = restart_delay(policy, time.monotonic() - born, quick)
-        done += 1
-        print(
-            f"tianji serve: {spec.name} {why}; restart {done} of {restarts} in {delay:.1f} s",
-            file=out,
-            flush=True,
-        )
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stopping.wait(), delay)
-        if stopping.is_set():
-            return 0
-        current = prepare(spec, done) if prepare is not None else dataclasses.replace(spec)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), delay)
+            if stopping.is_set():
+                return 0
+            current = prepare(spec, done) if prepare is not None else dataclasses.replace(spec)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
