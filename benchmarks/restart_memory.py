@@ -1,6 +1,6 @@
 """What a restart leaves behind in the process that outlives it (not part of CI).
 
-    python benchmarks/restart_memory.py [--kills 5] [--service buffer-0]
+    python benchmarks/restart_memory.py [--kills 5] [--service buffer-0] [--top 15]
                                         [--config examples/cartpole_dqn.toml] [--set K=V ...]
 
 Runs ``tianji train`` in this process (so the launcher's controller, monitor and dashboard
@@ -9,7 +9,8 @@ live here), with replay snapshots every 5 s. After ``--warmup`` seconds it kills
 incarnation has run for ``--gap`` seconds (a snapshot has arrived from it). After each kill
 it prints this process's RSS and a census of the objects a dead peer could leave behind
 (TCP connections and their protocols, receive-buffer pools, subscription links, replay
-snapshots held for restores). Flat counts and RSS: a restart leaks nothing here.
+snapshots held for restores), and at the end the types whose live count grew most.
+Flat counts and RSS: a restart leaks nothing here.
 """
 
 from __future__ import annotations
@@ -39,10 +40,11 @@ def rss_mb() -> float:
     return float("nan")
 
 
-def census() -> dict[str, int]:
+def census(every: bool = False) -> dict[str, int]:
+    """Live objects of the watched types (``every``: of every type)."""
     gc.collect()
     kinds = collections.Counter(type(o).__name__ for o in gc.get_objects())
-    return {k: kinds[k] for k in WATCHED}
+    return dict(kinds) if every else {k: kinds[k] for k in WATCHED}
 
 
 def status(url: str) -> dict[str, Any]:
@@ -61,6 +63,7 @@ def drive(out: io.StringIO, args: argparse.Namespace, rows: list[dict[str, Any]]
     time.sleep(args.warmup)
     rows.append({"kill": 0, "rss_mb": round(rss_mb(), 1), **census()})
     print(rows[-1], file=sys.stderr, flush=True)
+    first = census(every=True)
     last = None
     for k in range(1, args.kills + 1):
         while True:
@@ -74,6 +77,9 @@ def drive(out: io.StringIO, args: argparse.Namespace, rows: list[dict[str, Any]]
         time.sleep(args.gap)
         rows.append({"kill": k, "rss_mb": round(rss_mb(), 1), **census()})
         print(rows[-1], file=sys.stderr, flush=True)
+    last_all = census(every=True)
+    grown = sorted(((last_all[k] - first.get(k, 0), k) for k in last_all), reverse=True)
+    print("types grown most:", [(k, n) for n, k in grown[: args.top] if n > 0], file=sys.stderr)
     os.kill(os.getpid(), signal.SIGTERM)  # a clean stop of the run
 
 
@@ -84,6 +90,7 @@ def main() -> int:
     p.add_argument("--kills", type=int, default=5)
     p.add_argument("--warmup", type=float, default=70.0, help="s before the first kill")
     p.add_argument("--gap", type=float, default=12.0, help="s a new incarnation runs")
+    p.add_argument("--top", type=int, default=15, help="types whose count grew most")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = p.parse_args()
     from tianji.run.config import load_config
