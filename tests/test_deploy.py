@@ -206,7 +206,7 @@ def test_serve_restart_brings_a_killed_service_back_until_its_budget_is_spent() 
     """``tianji serve --restart 1``: the supervisor starts the service again after a kill;
     after a second kill no restart is left and it exits 1, naming the budget."""
     from tianji.launch.spec import ServiceSpec
-    from tianji.launch.supervisor import supervise
+    from tianji.launch.supervisor import serving_pids, supervise
 
     spec = ServiceSpec(name="relay-0", factory="tianji.run.demo:Relay")  # needs no controller
     lines: list[str] = []
@@ -219,7 +219,7 @@ def test_serve_restart_brings_a_killed_service_back_until_its_budget_is_spent() 
             pass
 
     def pids() -> list[int]:
-        return [int(x.rsplit("pid ", 1)[1].rstrip(")")) for x in lines if "running (pid" in x]
+        return serving_pids("\n".join(lines))
 
     async def main() -> int:
         task = asyncio.create_task(supervise(spec, "", 1, out=Out(), backoff=0.1))  # type: ignore[arg-type]

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tianji.bench.netns import Bridge, NetnsError
+from tianji.launch.supervisor import serving_pids
 
 ROOT = Path(__file__).resolve().parents[1]
 DQN = str(ROOT / "examples" / "cartpole_dqn.toml")
@@ -149,8 +150,7 @@ def finish(
 
 def _serving_pid(log: Path) -> int:
     """The pid of the service process a ``tianji serve --restart`` supervisor runs now."""
-    lines = [x for x in log.read_text().splitlines() if "running (pid " in x]
-    return int(lines[-1].rsplit("pid ", 1)[1].rstrip(")"))
+    return serving_pids(log.read_text())[-1]
 
 
 def test_dqn_on_three_hosts_reaches_300_through_kills_and_a_cut_and_a_run_with_no_actor_stops(

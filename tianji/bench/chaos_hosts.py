@@ -20,6 +20,7 @@ from pathlib import Path
 
 from tianji.bench.chaos_run import ChaosRun, start_logged
 from tianji.bench.netns import Bridge
+from tianji.rl.topics import index_of
 
 __all__ = ["ACTOR_HOST_ROLES", "start_hosts"]
 
@@ -62,7 +63,7 @@ def start_hosts(
         proc, url, pump, log = start_logged(cmd, out / "controller.log", env)
         for spec in specs:
             host = 1 if spec.role in ACTOR_HOST_ROLES else 0
-            index = spec.name.rsplit("-", 1)[1]
+            index = str(index_of(spec.name))
             serve = [*bridge.prefix(host), sys.executable, "-m", "tianji", "serve", spec.role]
             serve += [config, "--index", index, "--controller", controller, *given]
             if spec.role != "learner" or learner_resumes:

@@ -29,6 +29,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -38,10 +39,19 @@ from typing import TextIO
 from tianji.launch.base import RestartPolicy, restart_delay
 from tianji.launch.spec import ServiceSpec
 
-__all__ = ["supervise"]
+__all__ = ["serving_pids", "supervise"]
 
 Prepare = Callable[[ServiceSpec, int], ServiceSpec]
 """The spec of restart ``k`` (e.g. a learner told to wait for its checkpoint)."""
+
+
+_RUNNING = re.compile(r"tianji serve: \S+ running \(pid (\d+)\)")
+
+
+def serving_pids(output: str) -> list[int]:
+    """The pids of the service processes a supervisor started, oldest first, from its
+    output (one ``tianji serve: NAME running (pid N)`` line each)."""
+    return [int(pid) for pid in _RUNNING.findall(output)]
 
 
 async def _start(spec: ServiceSpec, digest: str) -> asyncio.subprocess.Process:
