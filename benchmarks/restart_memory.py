@@ -1,6 +1,7 @@
 """What a restart leaves behind in the process that outlives it (not part of CI).
 
-    python benchmarks/restart_memory.py [--kills 5] [--service buffer-0] [--top 15]
+    python benchmarks/restart_memory.py [--kills 5] [--service buffer-0|any] [--top 15]
+                                        [--tracemalloc 15] [--seed 0]
                                         [--config examples/cartpole_dqn.toml] [--set K=V ...]
 
 Runs ``tianji train`` in this process (so the launcher's controller, monitor and dashboard
@@ -11,6 +12,11 @@ it prints this process's RSS and a census of the objects a dead peer could leave
 (TCP connections and their protocols, receive-buffer pools, subscription links, replay
 snapshots held for restores), and at the end the types whose live count grew most.
 Flat counts and RSS: a restart leaks nothing here.
+
+``--service any`` kills a random running service of a restartable role each time (as
+``tianji bench chaos`` does; the learner resumes from its checkpoint). ``--tracemalloc N``
+traces this process's allocations from the first kill and prints the N source lines whose
+live memory grew most by the last one.
 """
 
 from __future__ import annotations
@@ -21,15 +27,18 @@ import gc
 import io
 import json
 import os
+import random
 import signal
 import sys
 import threading
 import time
+import tracemalloc
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+ROLES = ("actor", "inference", "buffer", "eval", "params", "learner")
 WATCHED = ("TcpConnection", "_StreamProtocol", "BufferPool", "Link", "Checkpoint")
 
 
@@ -61,25 +70,45 @@ def drive(out: io.StringIO, args: argparse.Namespace, rows: list[dict[str, Any]]
                 url = line.split(" ", 1)[1].strip() + "api/status"
         time.sleep(0.5)
     time.sleep(args.warmup)
+    if args.tracemalloc:
+        tracemalloc.start(8)
+        traced = tracemalloc.take_snapshot()
     rows.append({"kill": 0, "rss_mb": round(rss_mb(), 1), **census()})
     print(rows[-1], file=sys.stderr, flush=True)
     first = census(every=True)
-    last = None
+    pick = random.Random(args.seed)
+    dead: set[int] = set()
     for k in range(1, args.kills + 1):
         while True:
-            (row,) = [s for s in status(url)["services"] if s["name"] == args.service]
-            if row["pid"] and row["state"] == "running" and row["pid"] != last:
+            rows_now = [
+                s
+                for s in status(url)["services"]
+                if s["pid"]
+                and s["state"] == "running"
+                and s["pid"] not in dead
+                and (s["name"] == args.service or (args.service == "any" and s["role"] in ROLES))
+            ]
+            if rows_now:
                 break
             time.sleep(0.5)
         time.sleep(args.gap)
+        row = pick.choice(rows_now)
         os.kill(row["pid"], signal.SIGKILL)
-        last = row["pid"]
+        dead.add(row["pid"])
         time.sleep(args.gap)
-        rows.append({"kill": k, "rss_mb": round(rss_mb(), 1), **census()})
+        rows.append({"kill": k, "killed": row["name"], "rss_mb": round(rss_mb(), 1), **census()})
         print(rows[-1], file=sys.stderr, flush=True)
     last_all = census(every=True)
     grown = sorted(((last_all[k] - first.get(k, 0), k) for k in last_all), reverse=True)
     print("types grown most:", [(k, n) for n, k in grown[: args.top] if n > 0], file=sys.stderr)
+    if args.tracemalloc:
+        diff = tracemalloc.take_snapshot().compare_to(traced, "traceback")
+        for stat in diff[: args.tracemalloc]:
+            print(
+                f"{stat.size_diff / 1024:+.1f} KiB in {stat.count_diff:+d} blocks:", file=sys.stderr
+            )
+            for line in stat.traceback.format()[-8:]:
+                print("   ", line, file=sys.stderr)
     os.kill(os.getpid(), signal.SIGTERM)  # a clean stop of the run
 
 
@@ -91,6 +120,8 @@ def main() -> int:
     p.add_argument("--warmup", type=float, default=70.0, help="s before the first kill")
     p.add_argument("--gap", type=float, default=12.0, help="s a new incarnation runs")
     p.add_argument("--top", type=int, default=15, help="types whose count grew most")
+    p.add_argument("--tracemalloc", type=int, default=0, help="source lines grown most")
+    p.add_argument("--seed", type=int, default=0, help="which service --service any kills")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = p.parse_args()
     from tianji.run.config import load_config
@@ -102,7 +133,12 @@ def main() -> int:
         "checkpoint.every_seconds=5",
         'recovery.buffer="snapshot"',
         "recovery.backoff=0.5",
-        f"recovery.restarts.{args.service.rsplit('-', 1)[0]}={args.kills + 1}",
+        *(
+            [f"recovery.restarts.{role}={args.kills + 1}" for role in ROLES]
+            + ['recovery.learner="resume"']
+            if args.service == "any"
+            else [f"recovery.restarts.{args.service.rsplit('-', 1)[0]}={args.kills + 1}"]
+        ),
         f"stop.max_seconds={seconds}",
         "stop.target_return=1e9",
         *args.set,

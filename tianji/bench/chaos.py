@@ -185,6 +185,7 @@ def run_chaos(
         "leftover_shm": sorted(shm_after - shm_before),
         "rss_growth_mb": _growth(found["rss_first"], found["rss_end"]),
         "rss_growth_second_half_mb": _growth(found["rss_mid"], found["rss_end"]),
+        "rss_per_minute_mb": found["rss_series"],
     }
 
 
@@ -235,6 +236,8 @@ def _kill_loop(
     deadline = began + minutes * 60
     halfway = began + minutes * 30
     rss_mid: dict[str, float | None] = {}
+    rss_series: dict[str, list[tuple[float, float]]] = {}  # survivors' RSS each minute
+    next_sample = began
     next_kill = began
     next_cut = began + cut_every if cut_every > 0 else float("inf")
     cut_until: float | None = None
@@ -252,6 +255,9 @@ def _kill_loop(
         now = time.monotonic()
         if not rss_mid and now >= halfway:
             rss_mid = {n: _rss_mb(p) for n, p in first.items()}
+        if now >= next_sample:
+            _sample_rss(rss_series, first, rows, round((now - began) / 60, 1))
+            next_sample = now + 60
         _settle(pending, rows, now)
         if cut_until is not None and now >= cut_until:
             assert run.cut is not None
@@ -312,7 +318,24 @@ def _kill_loop(
         "rss_first": rss_first,
         "rss_mid": rss_mid,
         "rss_end": rss_end,
+        "rss_series": rss_series,
     }
+
+
+def _sample_rss(
+    series: dict[str, list[tuple[float, float]]],
+    first: dict[str, int],
+    rows: dict[str, Any],
+    minute: float,
+) -> None:
+    """Append the RSS of every first-seen service still running as the same process."""
+    for name, pid in first.items():
+        row = rows.get(name)
+        mb = _rss_mb(pid) if row is not None and row["pid"] == pid else None
+        if mb is None:
+            series.pop(name, None)  # killed (or gone): not a survivor
+            continue
+        series.setdefault(name, []).append((minute, round(mb, 1)))
 
 
 def _settle(pending: dict[str, dict[str, Any]], rows: dict[str, Any], now: float) -> None:
@@ -375,6 +398,11 @@ def markdown(report: dict[str, Any]) -> str:
         f"- RSS growth of the services never killed (MB): {report['rss_growth_mb']} from "
         f"the first kill, {report['rss_growth_second_half_mb']} over the second half",
     ]
+    for name, series in report.get("rss_per_minute_mb", {}).items():
+        shown = series if len(series) <= 12 else series[:: max(1, len(series) // 12)] + series[-1:]
+        lines.append(
+            f"- RSS of {name} (MB) by minute: " + ", ".join(f"{m:g}: {mb:g}" for m, mb in shown)
+        )
     return "\n".join(lines) + "\n"
 
 
