@@ -30,6 +30,7 @@ from tianji.bench.report import (
     GOALS,
     PAYLOADS,
     TRANSPORTS,
+    CodecRow,
     Goal,
     LatencyRow,
     Report,
@@ -127,7 +128,9 @@ def _rows(**bytes_per_s: float) -> list[Row]:
 
 def test_goals_compare_rows_of_the_same_payload() -> None:
     rows = _rows(tcp=2.8e9, raw_socket=3e9, pyzmq=2e9, shm=11e9, memcpy=20e9)
-    results = {g.goal: g for g in evaluate_goals(rows, [LatencyRow("shm", 40.0, 90.0)])}
+    latency = [LatencyRow("shm", 40.0, 90.0), LatencyRow("tcp", 60.0, 90.0)]
+    codec = [CodecRow("Heartbeat", 0.8, 1.2, 150)]
+    results = {g.goal: g for g in evaluate_goals(rows, latency, GOALS, codec)}
     assert len(results) == len(GOALS)
     tcp_raw = results["tcp 1 MiB bytes/s >= 0.9 x raw-socket"]
     assert tcp_raw.status == "PASS" and tcp_raw.measured == pytest.approx(2.8 / 3)
@@ -137,14 +140,18 @@ def test_goals_compare_rows_of_the_same_payload() -> None:
     shm_tcp = results["shm 1 MiB bytes/s >= 4 x tcp"]
     assert shm_tcp.status == "MISS" and shm_tcp.measured == pytest.approx(11 / 2.8)
     assert results["shm 64 KiB msg/s >= 100,000"].measured == 120_000
-    assert results["shm wake-up p50 < 100 us"].status == "PASS"
+    assert results["shm wake-up p50 < 60 us"].status == "PASS"
+    assert results["tcp wake-up p50 < 60 us"].status == "MISS"  # an upper bound
+    codec_goal = results["codec Heartbeat encode + decode <= 2 us"]
+    assert codec_goal.status == "PASS" and codec_goal.measured == pytest.approx(2.0)
 
 
 def test_goals_without_their_rows_are_not_applicable_and_say_why() -> None:
     results = evaluate_goals([Row("tcp", MiB, 1.0, 1.0)], [])
     by_goal = {g.goal: g for g in results}
     assert by_goal["tcp 1 MiB bytes/s >= 0.9 x raw-socket"].note == "no raw-socket 1 MiB row"
-    assert by_goal["shm wake-up p50 < 100 us"].note == "no shm latency measured"
+    assert by_goal["shm wake-up p50 < 60 us"].note == "no shm latency measured"
+    assert by_goal["codec Heartbeat encode + decode <= 2 us"].note == "no codec row for Heartbeat"
     assert {g.status for g in results} == {"N/A"}
     assert all(g.measured is None for g in results)
 
@@ -160,9 +167,19 @@ def test_report_json_keeps_rows_to_four_keys_and_lists_the_rest_apart() -> None:
         rows=_rows(tcp=1e9, raw_socket=3e9),
         latency=[LatencyRow("tcp", 70.0, 150.0)],
         skipped=[Skip("pyzmq", "pyzmq is not installed")],
+        codec=[CodecRow("Heartbeat", 0.5, 1.0, 150)],
     )
     doc = json.loads(json.dumps(report.to_json()))
-    assert set(doc) == {"rows", "latency", "goals", "skipped"}
+    assert set(doc) == {"rows", "latency", "goals", "skipped", "codec"}
+    assert doc["codec"] == [
+        {
+            "event": "Heartbeat",
+            "encode_us": 0.5,
+            "decode_us": 1.0,
+            "header_bytes": 150,
+            "total_us": 1.5,
+        }
+    ]
     assert all(set(r) == ROW_KEYS for r in doc["rows"])
     assert doc["latency"] == [{"transport": "tcp", "p50_us": 70.0, "p99_us": 150.0}]
     assert doc["skipped"] == [{"transport": "pyzmq", "reason": "pyzmq is not installed"}]
@@ -181,7 +198,7 @@ def test_the_table_shows_ratios_goals_and_what_was_not_measured() -> None:
     assert "0.50x" in tcp_line and "0.10x" in tcp_line  # vs raw-socket, vs memcpy
     assert "MISS  tcp 1 MiB bytes/s >= 0.9 x raw-socket" in table
     assert "measured 0.50x" in table
-    assert "N/A   shm wake-up p50 < 100 us" in table
+    assert "N/A   shm wake-up p50 < 60 us" in table
     assert "shm: unavailable: RegistryError: no shm" in table
     assert "no codec" in table  # the footnote on how ceilings are measured
     assert "vs pyzmq" not in Report(rows=[Row("tcp", 100, 1.0, 100.0)]).to_table()
@@ -312,7 +329,9 @@ def test_bench_transport_json_end_to_end() -> None:
     )
     doc = json.loads(out.stdout)  # stdout is the JSON only; progress went to stderr
     assert "[ 1/" in out.stderr and "memcpy" in out.stderr
-    assert set(doc) == {"rows", "latency", "goals", "skipped"}
+    assert set(doc) == {"rows", "latency", "goals", "skipped", "codec"}
+    assert {c["event"] for c in doc["codec"]} == {"Heartbeat", "ArraysPublished 100 B"}
+    assert all(c["encode_us"] > 0 and c["decode_us"] > 0 for c in doc["codec"])
     rows = doc["rows"]
     for row in rows:
         assert set(row) == ROW_KEYS

@@ -30,7 +30,14 @@ import tianji.transports
 from tianji.transports._framing import PREAMBLE
 
 from tianji.runtime.codec import decode, encode
-from tianji.runtime.core import Connection, ConnectionStatistics, Limits, Listener, Transport
+from tianji.runtime.core import (
+    Connection,
+    ConnectionStatistics,
+    Limits,
+    Listener,
+    Transport,
+    recv_batch,
+)
 from tianji.runtime.errors import (
     BadFrame,
     BrokenByPeer,
@@ -490,6 +497,28 @@ def test_graceful_close_delivers_all_data_then_end_of_stream(scheme: str) -> Non
             assert isinstance(info.value.peer, str)
             with pytest.raises(EndOfStream):  # it stays at end of stream
                 await link.server.recv()
+
+    run(main())
+
+
+def test_recv_batch_takes_every_ready_message_in_order_then_end_of_stream(scheme: str) -> None:
+    async def main() -> None:
+        async with open_link(scheme) as link:
+            for seq in range(40):
+                await link.client.send(message(seq, 1 + seq % 3))
+            await link.client.aclose()
+            got: list[bytes] = []
+            batches = 0
+            while len(got) < 40:
+                batch = await recv_batch(link.server, max_messages=16)
+                assert 1 <= len(batch) <= 16
+                got += [as_bytes(frames) for frames in batch]
+                batches += 1
+            assert got == [message(seq, 1 + seq % 3) for seq in range(40)]
+            assert batches < 40  # several per wake-up: they were all there
+            assert link.server.statistics().messages_received == 40
+            with pytest.raises(EndOfStream):
+                await recv_batch(link.server)
 
     run(main())
 

@@ -210,6 +210,39 @@ class ShmConnection:
         frames, _ = await self._next(lease=False)
         return frames
 
+    async def recv_batch(
+        self, max_messages: int = 64, max_bytes: int = 1 << 20
+    ) -> list[list[memoryview]]:
+        """Wait for a message, then take every further complete one already in the ring
+        (up to ``max_messages`` in all, and no more once those beyond the first reach
+        ``max_bytes``): one wake-up for a burst."""
+        frames, _ = await self._next(lease=False)
+        batch = [frames]
+        nbytes = 0
+        while len(batch) < max_messages and nbytes < max_bytes:
+            got = self._take_ready(False)
+            if got is None:
+                break
+            batch.append(got[0])
+            nbytes += sum([f.nbytes for f in got[0]])
+        return batch
+
+    def _take_ready(self, lease: bool) -> tuple[list[memoryview], ShmLease | None] | None:
+        """The next complete message if one is in the ring now (never waits, never raises:
+        an error is left for the next ``recv``)."""
+        r = self._r
+        if r is None or self._closed or self._error is not None:
+            return None
+        try:
+            got = r.take(lease)
+        except BadFrame as exc:
+            self._fail(exc.with_peer(self._peer))
+            return None
+        if got is not None:
+            self.messages_received += 1
+            self.bytes_received += sum([f.nbytes for f in got[0]])
+        return got
+
     async def recv_lease(self) -> ShmLease:
         """Receive the next message as views into the ring, without a copy.
 

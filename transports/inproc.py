@@ -84,6 +84,23 @@ class InprocConnection:
         self._stats.bytes_received += sum(f.nbytes for f in frames)
         return frames
 
+    async def recv_batch(
+        self, max_messages: int = 64, max_bytes: int = 1 << 20
+    ) -> list[list[memoryview]]:
+        """Wait for a message, then take every further one already queued (up to
+        ``max_messages`` in all, and no more once those beyond the first reach
+        ``max_bytes``)."""
+        batch = [await self.recv()]
+        nbytes = 0
+        while len(batch) < max_messages and nbytes < max_bytes and len(self._inbox):
+            frames = self._inbox.get_nowait()
+            size = sum(f.nbytes for f in frames)
+            self._stats.messages_received += 1
+            self._stats.bytes_received += size
+            nbytes += size
+            batch.append(frames)
+        return batch
+
     async def aclose(self) -> None:
         self._shutdown(EndOfStream(self._local))
 

@@ -303,6 +303,25 @@ class TcpConnection:
         self.bytes_received += sum(f.nbytes for f in frames)
         return frames
 
+    async def recv_batch(
+        self, max_messages: int = 64, max_bytes: int = 1 << 20
+    ) -> list[list[memoryview]]:
+        """Wait for a message, then take every further complete one already received (up
+        to ``max_messages`` in all, and no more once those beyond the first reach
+        ``max_bytes``): one wake-up for a burst."""
+        batch = [await self.recv()]
+        inbox = self._p.inbox
+        nbytes = 0
+        while len(batch) < max_messages and nbytes < max_bytes and len(inbox):
+            frames = inbox.get_nowait()
+            size = sum(f.nbytes for f in frames)
+            self.messages_received += 1
+            self.bytes_received += size
+            nbytes += size
+            batch.append(frames)
+        self._p.after_get()
+        return batch
+
     async def aclose(self) -> None:
         """Flush what is queued, say goodbye and close. Idempotent."""
         if self._closed:

@@ -43,7 +43,7 @@ import numpy as np
 import tianji.transports
 from tianji.bench.measure import BenchError, RateWindow, Throughput, aligned_empty, percentile
 from tianji.runtime.codec import Codec
-from tianji.runtime.core import Connection, Limits
+from tianji.runtime.core import Connection, Limits, recv_batch
 from tianji.runtime.errors import EndOfStream
 from tianji.runtime.events import ArraysPublished
 from tianji.runtime.loop import run
@@ -115,17 +115,20 @@ async def receive_events(conn: Connection, payload_bytes: int, warmup_s: float) 
     expected = 0
     while True:
         try:
-            frames = await conn.recv()
+            batch = await recv_batch(conn)  # as a service's link loop receives
         except EndOfStream:
             return window.result()
-        ev = decode(frames)
-        now = clock()
-        if not isinstance(ev, ArraysPublished) or ev.seq != expected:
-            raise BenchError(f"expected ArraysPublished seq={expected}, got {ev!r:.200}")
-        if ev.arrays["x"].nbytes != payload_bytes:
-            raise BenchError(f"event {expected}: {ev.arrays['x'].nbytes} bytes != {payload_bytes}")
-        expected += 1
-        window.add(now, payload_bytes)
+        for frames in batch:
+            ev = decode(frames)
+            now = clock()
+            if not isinstance(ev, ArraysPublished) or ev.seq != expected:
+                raise BenchError(f"expected ArraysPublished seq={expected}, got {ev!r:.200}")
+            if ev.arrays["x"].nbytes != payload_bytes:
+                raise BenchError(
+                    f"event {expected}: {ev.arrays['x'].nbytes} bytes != {payload_bytes}"
+                )
+            expected += 1
+            window.add(now, payload_bytes)
 
 
 async def receive_latency(conn: Connection, warmup_s: float) -> list[int]:

@@ -5,6 +5,8 @@ The JSON document (``--json``)::
     {"rows": [{"transport": "tcp", "payload_bytes": 1048576,
                "msgs_per_s": 2650.1, "bytes_per_s": 2778832281.6}, ...],
      "latency": [{"transport": "tcp", "p50_us": 71.2, "p99_us": 160.4}, ...],
+     "codec": [{"event": "Heartbeat", "encode_us": 0.6, "decode_us": 0.9,
+                "total_us": 1.5, "header_bytes": 160}, ...],
      "goals": [{"goal": "tcp 1 MiB bytes/s >= 0.9 x raw-socket", "measured": 0.93,
                 "target": 0.9, "status": "PASS", "note": ""}, ...],
      "skipped": [{"transport": "pyzmq", "reason": "pyzmq is not installed ..."}]}
@@ -20,6 +22,7 @@ from typing import Any
 
 __all__ = [
     "CEILINGS",
+    "CodecRow",
     "GOALS",
     "Goal",
     "GoalResult",
@@ -82,6 +85,23 @@ class LatencyRow:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class CodecRow:
+    """What encoding and decoding one event costs in this process, in microseconds."""
+
+    event: str
+    encode_us: float
+    decode_us: float
+    header_bytes: int
+
+    @property
+    def total_us(self) -> float:
+        return self.encode_us + self.decode_us
+
+    def to_json(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "total_us": round(self.total_us, 3)}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Skip:
     """A transport (or one of its cells) that was not measured, and why."""
 
@@ -97,7 +117,8 @@ class Goal:
     """A target checked within one run.
 
     With ``versus``, the goal is ``metric(transport) >= target * metric(versus)`` at
-    ``payload_bytes``; without, ``metric >= target``; for ``p50_us`` it is ``< target``.
+    ``payload_bytes``; without, ``metric >= target``; for ``p50_us`` it is ``< target``;
+    for ``codec_us`` (``transport`` names the event) encode + decode ``<= target``.
     """
 
     transport: str
@@ -110,6 +131,8 @@ class Goal:
     def text(self) -> str:
         if self.metric == "p50_us":
             return f"{self.transport} wake-up p50 < {self.target:g} us"
+        if self.metric == "codec_us":
+            return f"codec {self.transport} encode + decode <= {self.target:g} us"
         unit = "bytes/s" if self.metric == "bytes_per_s" else "msg/s"
         what = f"{self.transport} {format_size(self.payload_bytes)} {unit}"
         if self.versus is None:
@@ -138,18 +161,31 @@ GOALS = (
     Goal(transport="shm", payload_bytes=MiB, metric="bytes_per_s", target=0.5, versus="memcpy"),
     Goal(transport="shm", payload_bytes=MiB, metric="bytes_per_s", target=4.0, versus="tcp"),
     Goal(transport="shm", payload_bytes=64 * KiB, metric="msgs_per_s", target=100_000),
-    Goal(transport="shm", metric="p50_us", target=100),
+    Goal(transport="tcp", metric="p50_us", target=60),
+    Goal(transport="shm", metric="p50_us", target=60),
+    Goal(transport="Heartbeat", metric="codec_us", target=2.0),
 )
 
 
 def evaluate_goals(
-    rows: Sequence[Row], latency: Sequence[LatencyRow], goals: Sequence[Goal] = GOALS
+    rows: Sequence[Row],
+    latency: Sequence[LatencyRow],
+    goals: Sequence[Goal] = GOALS,
+    codec: Sequence[CodecRow] = (),
 ) -> list[GoalResult]:
     """Check ``goals`` against the rows of one run; a goal lacking a row is N/A."""
     by_key = {(r.transport, r.payload_bytes): r for r in rows}
     by_transport = {r.transport: r for r in latency}
+    by_event = {r.event: r for r in codec}
     results = []
     for goal in goals:
+        if goal.metric == "codec_us":
+            cost = by_event.get(goal.transport)
+            if cost is None:
+                results.append(_missing(goal, f"no codec row for {goal.transport}"))
+            else:
+                results.append(_result(goal, cost.total_us, cost.total_us <= goal.target))
+            continue
         if goal.metric == "p50_us":
             lat = by_transport.get(goal.transport)
             if lat is None:
@@ -222,6 +258,8 @@ def _goal_line(g: GoalResult) -> str:
         shown = f"{g.measured:.2f}x"
     elif "p50" in g.goal:
         shown = f"{g.measured:.1f} us"
+    elif g.goal.startswith("codec"):
+        shown = f"{g.measured:.2f} us"
     else:
         shown = f"{g.measured:,.0f}"
     return f"  {g.status:<4}  {g.goal:<40}  measured {shown}"
@@ -235,15 +273,17 @@ class Report:
     rows: list[Row] = dataclasses.field(default_factory=list)
     latency: list[LatencyRow] = dataclasses.field(default_factory=list)
     skipped: list[Skip] = dataclasses.field(default_factory=list)
+    codec: list[CodecRow] = dataclasses.field(default_factory=list)
 
     def goals(self) -> list[GoalResult]:
-        return evaluate_goals(self.rows, self.latency)
+        return evaluate_goals(self.rows, self.latency, GOALS, self.codec)
 
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` document (see the module docstring)."""
         return {
             "rows": [r.to_json() for r in self.rows],
             "latency": [r.to_json() for r in self.latency],
+            "codec": [r.to_json() for r in self.codec],
             "goals": [g.to_json() for g in self.goals()],
             "skipped": [s.to_json() for s in self.skipped],
         }
@@ -275,6 +315,13 @@ class Report:
             )
         if not self.latency:
             lines.append("  (not measured)")
+        if self.codec:
+            lines += ["", "codec, one event in this process (best of 5 rounds):"]
+            for c in self.codec:
+                lines.append(
+                    f"  {c.event:<22} encode {c.encode_us:6.2f} us  decode {c.decode_us:6.2f} us"
+                    f"  total {c.total_us:6.2f} us  ({c.header_bytes} B header)"
+                )
         lines += ["", "goals (ratios within this run):"]
         lines += [_goal_line(g) for g in self.goals()]
         if self.skipped:

@@ -20,7 +20,8 @@ Throughput is what the *receiver* fully received (and decoded) within its own wi
 :class:`~tianji.bench.measure.RateWindow`), so buffering on the sending side cannot
 inflate it. It also measures the one-way wake-up latency of 100 B events on ``tcp`` and
 ``shm``: one event every ~1 ms carrying ``time.perf_counter_ns()`` (CLOCK_MONOTONIC,
-system-wide on Linux), received in the child.
+system-wide on Linux), received in the child; and, first, what the codec costs per event
+(:mod:`tianji.bench.codec_cost`).
 
 Each cell runs ``seconds`` (16 MiB cells at most
 :data:`~tianji.bench.measure.LARGE_MAX_S`) after a short
@@ -42,6 +43,7 @@ import numpy as np
 
 import tianji.transports
 from tianji.bench.ceilings import measure_memcpy, measure_pyzmq, measure_raw_socket
+from tianji.bench.codec_cost import measure_codec
 from tianji.bench.measure import (
     LARGE_MAX_S,
     RESULT_TIMEOUT,
@@ -255,6 +257,9 @@ async def _bench(settings: Settings, progress: TextIO) -> Report:
     cells = [(t, p) for p in PAYLOADS for t in ORDER if t not in gone]
     probes = [t for t in ("tcp", "shm") if t not in gone]
     cells_run = _Run(report, len(cells) + len(probes), progress)
+    report.codec = measure_codec()
+    for c in report.codec:
+        cells_run.say(f"codec {c.event}: encode {c.encode_us:.2f} us, decode {c.decode_us:.2f} us")
     for name, size in cells:
         make = functools.partial(MEASURES[name], size, settings)
         tp = await cells_run.attempt(name, format_size(size), make, settings.timeout(size))

@@ -27,6 +27,7 @@ __all__ = [
     "Frames",
     "Limits",
     "Listener",
+    "recv_batch",
     "Service",
     "ServiceState",
     "Transport",
@@ -145,6 +146,26 @@ class Connection(Protocol):
     async def __aenter__(self) -> Connection: ...
 
     async def __aexit__(self, *exc: object) -> None: ...
+
+
+async def recv_batch(
+    conn: Connection, max_messages: int = 64, max_bytes: int = 1 << 20
+) -> list[list[memoryview]]:
+    """Wait for the next message on ``conn``, then take every further complete message it
+    has already received, in order: up to ``max_messages`` in all, and no more once those
+    beyond the first hold ``max_bytes`` (so a batch adds at most about ``max_bytes`` plus
+    one message to what the connection's limits bound).
+
+    A transport may offer this as ``conn.recv_batch(max_messages, max_bytes)`` (inproc, tcp and shm
+    do), so a burst costs one wake-up instead of one per message; for one that does not,
+    this is ``[await conn.recv()]``. Errors are those of ``recv``, raised only when no
+    message is ready: a batch ends before an error, which the next call raises.
+    """
+    batch = getattr(conn, "recv_batch", None)
+    if batch is not None:
+        got: list[list[memoryview]] = await batch(max_messages, max_bytes)
+        return got
+    return [await conn.recv()]
 
 
 @runtime_checkable

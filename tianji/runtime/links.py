@@ -12,12 +12,16 @@ from collections.abc import Coroutine, Sequence
 from typing import Any, Protocol
 
 from tianji.runtime import plugins
-from tianji.runtime.core import Connection
+from tianji.runtime.core import Connection, recv_batch
 from tianji.runtime.errors import BadFrame, TianjiError
 from tianji.runtime.events import BoardPosted, Event, Subscribe
 from tianji.runtime.heartbeats import CONTROL, ServiceStat
 
 __all__ = ["CONTROL", "Link", "Subscriptions"]
+
+RECV_BATCH = 64
+"""At most this many messages are taken per wake-up (and at most ~1 MiB beyond the first:
+see :func:`~tianji.runtime.core.recv_batch`), so the batch adds little to the link's bound."""
 
 log = logging.getLogger("tianji.service")
 
@@ -149,17 +153,17 @@ class Subscriptions:
             try:
                 await conn.send(self._frames(Subscribe(topics=tuple(sorted(link.topics))), CONTROL))
                 delay = self.options.reconnect_min
-                while True:
-                    frames = await conn.recv()
-                    name, ev = self._decode(frames, conn.peer)
-                    if isinstance(ev, BoardPosted):  # a large event on the publisher's board
-                        got = self._from_board(ev, conn.peer)
-                        if got is None:
-                            continue
-                        name, ev = got
-                    self.counters[ServiceStat.RECEIVED] += 1
-                    for handler in self._handlers.get(name, ()):
-                        await handler(ev)
+                while True:  # one wake-up per burst: every message ready, in order
+                    for frames in await recv_batch(conn, RECV_BATCH):
+                        name, ev = self._decode(frames, conn.peer)
+                        if isinstance(ev, BoardPosted):  # a large event on the board
+                            got = self._from_board(ev, conn.peer)
+                            if got is None:
+                                continue
+                            name, ev = got
+                        self.counters[ServiceStat.RECEIVED] += 1
+                        for handler in self._handlers.get(name, ()):
+                            await handler(ev)
             except BadFrame as exc:
                 self.counters["bad_frames"] += 1
                 log.warning("%s: dropping link to %s: %s", self.name, link.address, str(exc))
