@@ -227,6 +227,24 @@ class ShmConnection:
             nbytes += sum([f.nbytes for f in got[0]])
         return batch
 
+    async def recv_lease_batch(
+        self, max_messages: int = 64, max_bytes: int = 1 << 20
+    ) -> list[ShmLease]:
+        """:meth:`recv_batch`, each message as a lease on the ring (see :meth:`recv_lease`);
+        release them in any order, the space returns in order."""
+        _, lease = await self._next(lease=True)
+        assert lease is not None
+        batch = [lease]
+        nbytes = 0
+        while len(batch) < max_messages and nbytes < max_bytes:
+            got = self._take_ready(True)
+            if got is None:
+                break
+            assert got[1] is not None
+            batch.append(got[1])
+            nbytes += sum([f.nbytes for f in got[0]])
+        return batch
+
     def _take_ready(self, lease: bool) -> tuple[list[memoryview], ShmLease | None] | None:
         """The next complete message if one is in the ring now (never waits, never raises:
         an error is left for the next ``recv``)."""

@@ -45,7 +45,9 @@ from tianji.bench.measure import BenchError, RateWindow, Throughput, aligned_emp
 from tianji.runtime.codec import Codec
 from tianji.runtime.core import Connection, Limits, recv_batch
 from tianji.runtime.errors import EndOfStream
-from tianji.runtime.events import ArraysPublished
+from tianji.runtime.events import ArraysPublished, Event
+from tianji.runtime.leases import Handoff
+from tianji.runtime.links import RECV_BATCH, ZERO_COPY_MIN_BYTES
 from tianji.runtime.loop import run
 
 __all__ = ["HEADER", "STAMP", "Job", "main", "receive_events", "receive_latency", "zmq_hwm"]
@@ -113,22 +115,34 @@ async def receive_events(conn: Connection, payload_bytes: int, warmup_s: float) 
     decode = Codec().decode
     clock = time.perf_counter
     expected = 0
-    while True:
+    leased = hasattr(conn, "recv_lease_batch") and payload_bytes >= ZERO_COPY_MIN_BYTES
+    handoff = Handoff()
+
+    def check(ev: Event) -> None:
+        nonlocal expected
+        if not isinstance(ev, ArraysPublished) or ev.seq != expected:
+            raise BenchError(f"expected ArraysPublished seq={expected}, got {ev!r:.200}")
+        if ev.arrays["x"].nbytes != payload_bytes:
+            raise BenchError(f"event {expected}: {ev.arrays['x'].nbytes} bytes != {payload_bytes}")
+        expected += 1
+        window.add(clock(), payload_bytes)
+
+    while True:  # as a service's link loop receives (tianji/runtime/links.py)
         try:
-            batch = await recv_batch(conn)  # as a service's link loop receives
+            if leased:  # shm, large: the event's arrays view the ring while checked
+                for lease in await conn.recv_lease_batch(RECV_BATCH):  # type: ignore[attr-defined]
+                    ev = decode(lease.frames)
+                    marks = handoff.before(ev)
+                    try:
+                        check(ev)
+                    finally:
+                        handoff.after(lease, ev, marks)
+                        del ev, marks
+            else:
+                for frames in await recv_batch(conn, RECV_BATCH):
+                    check(decode(frames))
         except EndOfStream:
             return window.result()
-        for frames in batch:
-            ev = decode(frames)
-            now = clock()
-            if not isinstance(ev, ArraysPublished) or ev.seq != expected:
-                raise BenchError(f"expected ArraysPublished seq={expected}, got {ev!r:.200}")
-            if ev.arrays["x"].nbytes != payload_bytes:
-                raise BenchError(
-                    f"event {expected}: {ev.arrays['x'].nbytes} bytes != {payload_bytes}"
-                )
-            expected += 1
-            window.add(now, payload_bytes)
 
 
 async def receive_latency(conn: Connection, warmup_s: float) -> list[int]:

@@ -16,12 +16,16 @@ from tianji.runtime.core import Connection, recv_batch
 from tianji.runtime.errors import BadFrame, TianjiError
 from tianji.runtime.events import BoardPosted, Event, Subscribe
 from tianji.runtime.heartbeats import CONTROL, ServiceStat
+from tianji.runtime.leases import Handoff
 
 __all__ = ["CONTROL", "Link", "Subscriptions"]
 
 RECV_BATCH = 64
 """At most this many messages are taken per wake-up (and at most ~1 MiB beyond the first:
 see :func:`~tianji.runtime.core.recv_batch`), so the batch adds little to the link's bound."""
+
+ZERO_COPY_MIN_BYTES = 16 << 10
+"""Messages over shared memory at least this large reach handlers as views of the ring."""
 
 log = logging.getLogger("tianji.service")
 
@@ -71,6 +75,7 @@ class _Linked(Protocol):
     _latest_only: set[str]
     _handlers: dict[str, list[Any]]
     _stopping: asyncio.Event
+    _handoff: Handoff
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]: ...
 
@@ -87,6 +92,10 @@ class _Linked(Protocol):
     def report_soon(self) -> None: ...
 
     async def _link_loop(self: _Linked, link: Link) -> None: ...
+
+    async def _dispatch(self: _Linked, name: str, ev: Event, conn: Connection) -> None: ...
+
+    async def _receive_leased(self: _Linked, conn: Any) -> None: ...
 
 
 class Subscriptions:
@@ -153,17 +162,12 @@ class Subscriptions:
             try:
                 await conn.send(self._frames(Subscribe(topics=tuple(sorted(link.topics))), CONTROL))
                 delay = self.options.reconnect_min
+                if hasattr(conn, "recv_lease_batch"):
+                    await self._receive_leased(conn)
                 while True:  # one wake-up per burst: every message ready, in order
                     for frames in await recv_batch(conn, RECV_BATCH):
                         name, ev = self._decode(frames, conn.peer)
-                        if isinstance(ev, BoardPosted):  # a large event on the board
-                            got = self._from_board(ev, conn.peer)
-                            if got is None:
-                                continue
-                            name, ev = got
-                        self.counters[ServiceStat.RECEIVED] += 1
-                        for handler in self._handlers.get(name, ()):
-                            await handler(ev)
+                        await self._dispatch(name, ev, conn)
             except BadFrame as exc:
                 self.counters["bad_frames"] += 1
                 log.warning("%s: dropping link to %s: %s", self.name, link.address, str(exc))
@@ -176,6 +180,55 @@ class Subscriptions:
                 self.counters["link_reconnects"] += 1
                 await asyncio.sleep(delay)
         link.task = None
+
+    async def _dispatch(self: _Linked, name: str, ev: Event, conn: Connection) -> None:
+        """Run the handlers of ``name`` on ``ev`` (resolving a board reference first)."""
+        if isinstance(ev, BoardPosted):  # a large event on the publisher's board
+            got = self._from_board(ev, conn.peer)
+            if got is None:
+                return
+            name, ev = got
+        self.counters[ServiceStat.RECEIVED] += 1
+        for handler in self._handlers.get(name, ()):
+            await handler(ev)
+
+    async def _receive_leased(self: _Linked, conn: Any) -> None:
+        """Receive over shared memory without copying: each event's arrays view the ring
+        while its handlers run; :class:`~tianji.runtime.leases.Handoff` then gives the space
+        back, copies what a handler kept, or holds the lease while a kept array lives."""
+        handoff = self._handoff
+        poller = self._spawn(_poll_holds(handoff))
+        try:
+            while True:
+                for lease in await conn.recv_lease_batch(RECV_BATCH):
+                    frames = lease.frames
+                    if sum([f.nbytes for f in frames]) < ZERO_COPY_MIN_BYTES:
+                        # small: a copy costs less than tracking what handlers keep
+                        frames = [memoryview(bytearray(f)) for f in frames]
+                        lease.release()
+                        name, ev = self._decode(frames, conn.peer)
+                        await self._dispatch(name, ev, conn)
+                        continue
+                    try:
+                        name, ev = self._decode(frames, conn.peer)
+                    except BaseException:
+                        lease.release()
+                        raise
+                    marks = handoff.before(ev)
+                    try:
+                        await self._dispatch(name, ev, conn)
+                    finally:
+                        handoff.after(lease, ev, marks)
+                        del ev, marks
+        finally:
+            poller.cancel()
+
+
+async def _poll_holds(handoff: Handoff) -> None:
+    """Free held leases whose arrays are gone even when no message comes to do it."""
+    while True:
+        await asyncio.sleep(0.05)
+        handoff.poll()
 
 
 async def _leave(conn: Connection) -> None:

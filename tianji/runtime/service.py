@@ -60,6 +60,7 @@ from tianji.runtime.events import (
     topic,
 )
 from tianji.runtime.heartbeats import ControllerLink, ServiceStat, memory_gauges
+from tianji.runtime.leases import Handoff
 from tianji.runtime.links import CONTROL, Link, Subscriptions
 from tianji.runtime.sharing import BoardSharing, FrameList
 
@@ -159,6 +160,7 @@ class Service(ControllerLink, Subscriptions, BoardSharing):
         self._subscribers: dict[str, set[Connection]] = {}
         self._links: dict[str, Link] = {}
         self._latest_only: set[str] = set()  # topics subscribed with latest_only
+        self._handoff = Handoff()  # zero-copy events over shm links (tianji.runtime.leases)
         self._peers: set[Connection] = set()
         self._listener: Listener | None = None
         self._local_listener: Listener | None = None
@@ -320,12 +322,20 @@ class Service(ControllerLink, Subscriptions, BoardSharing):
     def heartbeat(self) -> Heartbeat:
         """The heartbeat this service sends now (its gauges include the process's memory:
         ``rss_mb`` now and ``max_rss_mb`` since it started)."""
+        counters = dict(self.counters)
+        handoff = self._handoff
+        if handoff.arrays_copied or handoff.leases_held:
+            counters["zero_copy_arrays_copied"] = handoff.arrays_copied
+            counters["zero_copy_leases_held"] = handoff.leases_held
+        gauges = {**self.gauges, **memory_gauges()}
+        if handoff.held_now:
+            gauges["held_leases"] = float(handoff.held_now)
         return Heartbeat(
             name=self.name,
             role=self.role,
             state=self._state.value,
-            counters=dict(self.counters),
-            gauges={**self.gauges, **memory_gauges()},
+            counters=counters,
+            gauges=gauges,
             queue_depths=self.queue_depths(),
             sent_at=time.time(),
             links_down=self.links_down(),
