@@ -9,7 +9,7 @@ import pytest
 
 from tests.test_train_cli import EXAMPLES, train
 from tianji.rl.balance import min_replay_total
-from tianji.rl.topics import learners_of_shard, shards_of_learner
+from tianji.rl.topics import index_of, learners_of_shard, shards_of_learner
 from tianji.run.config import load_config
 from tianji.run.plan import RunPlan
 from tianji.runtime.errors import ConfigError
@@ -27,6 +27,13 @@ def test_every_shard_has_a_learner_and_every_learner_a_shard(shards: int, learne
         ]
     if shards >= learners:  # each shard has exactly one learner: no shard is shared
         assert sorted(s for mine in served for s in mine) == list(range(shards))
+
+
+def test_a_service_index_is_read_from_its_name_and_its_retired_incarnations() -> None:
+    assert [index_of(n) for n in ("actor-3", "actor-3#2", "buffer-0", "a-b-12")] == [3, 3, 0, 12]
+    for bad in ("monitor", "learner-x", "-", "actor-+3", "actor-x#1"):
+        with pytest.raises(ValueError, match="has no index"):
+            index_of(bad)
 
 
 def test_shards_need_an_actor_each_and_no_sync_mode() -> None:

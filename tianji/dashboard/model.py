@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tianji.rl.stats import LearnerStat
+from tianji.rl.topics import index_of
 from tianji.runtime.controller import Controller
 from tianji.runtime.events import Heartbeat
 from tianji.services.balancer import (
@@ -193,8 +194,12 @@ def lag_histogram(heartbeats: Mapping[str, Heartbeat]) -> dict[str, int]:
 
 
 def _index(name: str) -> int | None:
-    suffix = name.rsplit("-", 1)[-1]
-    return int(suffix) if "-" in name and suffix.isdigit() else None
+    """The service's index (``actor-3`` and its retired ``actor-3#2``: 3), ``None`` for a
+    name without one (``monitor``)."""
+    try:
+        return index_of(name)
+    except ValueError:
+        return None
 
 
 def _row(

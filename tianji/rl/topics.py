@@ -126,7 +126,10 @@ def index_of(name: str) -> int:
     Raises:
         ValueError: for a name without one.
     """
-    return int(name.split("#", 1)[0].rsplit("-", 1)[1])
+    _, dash, suffix = name.split("#", 1)[0].rpartition("-")
+    if not dash or not suffix.isdigit():
+        raise ValueError(f"service name {name!r} has no index (expected e.g. 'actor-3')")
+    return int(suffix)
 
 
 def trajectories_topic(shard: int, shards: int) -> str:
