@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -93,12 +94,12 @@ def main() -> int:
         assert bytes(frames[0]) == bytes(old.encode(ev)[0]), "the wire changed"
         untyped = untyped_decoder(old_mod)
         rows = [
-            ("msgpack + checks", lambda: old.encode(ev), lambda: old.decode(frames)),
-            ("msgspec typed", lambda: new.encode(ev), lambda: new.decode(frames)),
+            ("msgpack + checks", partial(old.encode, ev), partial(old.decode, frames)),
+            ("msgspec typed", partial(new.encode, ev), partial(new.decode, frames)),
         ]
         if len(frames) == 1:  # (the untyped variant has no array extension hook)
             rows.append(
-                ("msgspec untyped + checks", lambda: new.encode(ev), lambda: untyped(frames))
+                ("msgspec untyped + checks", partial(new.encode, ev), partial(untyped, frames))
             )
         for label, enc, dec in rows:
             e, d = best(enc, args.count), best(dec, args.count)
