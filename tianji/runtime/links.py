@@ -197,36 +197,36 @@ class Subscriptions:
         while its handlers run; :class:`~tianji.runtime.leases.Handoff` then gives the space
         back, copies what a handler kept, or holds the lease while a kept array lives."""
         handoff = self._handoff
-        poller = self._spawn(_poll_holds(handoff))
-        try:
-            while True:
-                for lease in await conn.recv_lease_batch(RECV_BATCH):
-                    frames = lease.frames
-                    if sum([f.nbytes for f in frames]) < ZERO_COPY_MIN_BYTES:
-                        # small: a copy costs less than tracking what handlers keep
-                        frames = [memoryview(bytearray(f)) for f in frames]
-                        lease.release()
-                        name, ev = self._decode(frames, conn.peer)
-                        await self._dispatch(name, ev, conn)
-                        continue
-                    try:
-                        name, ev = self._decode(frames, conn.peer)
-                    except BaseException:
-                        lease.release()
-                        raise
-                    marks = handoff.before(ev)
-                    try:
-                        await self._dispatch(name, ev, conn)
-                    finally:
-                        handoff.after(lease, ev, marks)
-                        del ev, marks
-        finally:
-            poller.cancel()
+        poller: asyncio.Task[None] | None = None  # ends by itself once nothing is held
+        while True:
+            for lease in await conn.recv_lease_batch(RECV_BATCH):
+                frames = lease.frames
+                if sum([f.nbytes for f in frames]) < ZERO_COPY_MIN_BYTES:
+                    # small: a copy costs less than tracking what handlers keep
+                    frames = [memoryview(bytearray(f)) for f in frames]
+                    lease.release()
+                    name, ev = self._decode(frames, conn.peer)
+                    await self._dispatch(name, ev, conn)
+                    continue
+                try:
+                    name, ev = self._decode(frames, conn.peer)
+                except BaseException:
+                    lease.release()
+                    raise
+                marks = handoff.before(ev)
+                try:
+                    await self._dispatch(name, ev, conn)
+                finally:
+                    handoff.after(lease, ev, marks)
+                    del ev, marks
+                if handoff.held_now and (poller is None or poller.done()):
+                    # frees the held leases even when no further message comes
+                    poller = self._spawn(_poll_holds(handoff))
 
 
 async def _poll_holds(handoff: Handoff) -> None:
-    """Free held leases whose arrays are gone even when no message comes to do it."""
-    while True:
+    """Every 50 ms, free the held leases whose arrays are gone; end when none is held."""
+    while handoff.held_now:
         await asyncio.sleep(0.05)
         handoff.poll()
 
