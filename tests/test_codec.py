@@ -629,6 +629,16 @@ def test_too_many_frames_is_refused_on_decode_before_parsing() -> None:
     assert decode_error([b"\xc1"] * 4, c).reason == "too_many_frames"
 
 
+@pytest.mark.parametrize("depth", [40, 100_000])
+def test_nesting_beyond_the_limit_is_bad_frame_too_deep_or_bad_field_type(depth: int) -> None:
+    # 40 levels decode, then fail the 32-level check; 100,000 exceed msgspec's own limit
+    body = msgpack.packb(arrays_body({}), use_bin_type=True)[:-1]  # drop "meta": {}
+    nested = b"\x91" * depth + b"\x00"
+    frame = b"\x93\x01" + msgpack.packb("ArraysPublished") + body + b"\x81\xa1a" + nested
+    err = decode_error([frame])
+    assert err.reason == ("bad_field_type" if depth == 40 else "too_deep"), err
+
+
 def test_a_body_that_is_not_a_map_is_bad_frame_malformed_body() -> None:
     assert decode_error([header("Shutdown", ["x"])]).reason == "malformed_body"
 

@@ -162,6 +162,8 @@ class Codec:
             version, type_name, raw = self._header.decode(views[0])
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise BadFrame("malformed_header", str(exc)) from None
+        except RecursionError:
+            raise BadFrame("too_deep", "the header nests too deep") from None
         if type(version) is not int or version != WIRE_VERSION:
             raise BadFrame("wire_version", f"version {version!r}, this peer speaks {WIRE_VERSION}")
         info = event_info(type_name) if type(type_name) is str else None
@@ -178,8 +180,10 @@ class Codec:
             ev: Event = body.decoder.decode(raw)
         except msgspec.ValidationError as exc:
             raise _invalid(info, str(exc)) from None
-        except msgspec.DecodeError as exc:  # a Raw is whole: only an array descriptor
+        except msgspec.DecodeError as exc:  # e.g. bad UTF-8 in a string of the body
             raise BadFrame("malformed_header", str(exc)) from None
+        except RecursionError:
+            raise BadFrame("too_deep", f"{info.name} nests too deep") from None
         finally:
             used, self._views = self._used, []
         if len(used) != len(views) - 1:

@@ -160,8 +160,7 @@ def _roots(objs: list[Any]) -> Iterator[np.ndarray]:
             root = obj
             while isinstance(root.base, np.ndarray):
                 root = root.base
-            if root is not obj:
-                yield root
+            yield root  # (the array itself when it is one: then it is watched twice)
 
 
 def _copy_arrays(ev: Event) -> int:
