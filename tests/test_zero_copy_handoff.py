@@ -23,10 +23,10 @@ from tianji.runtime.leases import Handoff
 from tianji.runtime.service import Service
 from tianji.testing import LISTEN_ADDRESSES, run_async
 
-LIMITS = Limits(queue_bytes=1 << 20)  # a 1-MiB-ish ring: 64-KiB messages wrap it quickly
+LIMITS = Limits(queue_bytes=1 << 20)  # a 1-MiB-ish ring: 256-KiB messages wrap it quickly
 
 
-def event(seq: int, size: int = 1 << 16) -> ArraysPublished:
+def event(seq: int, size: int = 1 << 18) -> ArraysPublished:
     x = np.full(size // 8, seq, np.int64)
     return ArraysPublished(seq=seq, policy_version=0, arrays={"x": x}, meta={"k": [1, 2]})
 
@@ -97,7 +97,7 @@ def test_a_kept_event_gets_copies_that_stay_valid_after_the_ring_is_reused() -> 
             await deliver(server, handoff, kept.append)
             assert handoff.arrays_copied == 1 and handoff.leases_held == 0
             assert client.statistics().send_queue_messages == 0  # released: no hold
-            for seq in range(2, 60):  # 58 x 64 KiB: the 1-MiB ring wraps several times
+            for seq in range(2, 20):  # 18 x 256 KiB: the 1-MiB ring wraps several times
                 await send(client, event(seq))
                 await deliver(server, handoff, lambda ev: None)
             x = kept[0].arrays["x"]
@@ -183,7 +183,7 @@ def test_a_subscriber_over_shm_gets_ring_views_and_keeps_valid_events() -> None:
         try:
             await asyncio.gather(pub.wait_ready(), sub.wait_ready())
             await pub.wait_subscribers(ArraysPublished, 1)
-            for seq in range(200):  # 200 x 64 KiB through the ring
+            for seq in range(200):  # 200 x 256 KiB through the ring
                 await pub.publish(event(seq))
             await pub.publish(event(200, size=64))  # small: copied out, not leased
             while len(sub.events) < 201:  # noqa: ASYNC110 - reads another service's list

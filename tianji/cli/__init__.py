@@ -8,6 +8,7 @@ import logging
 import math
 import os
 import sys
+from pathlib import Path
 
 from tianji import __version__
 from tianji.runtime.errors import TianjiError
@@ -52,6 +53,11 @@ def _cmd_bench_transport(args: argparse.Namespace) -> int:
     from tianji.bench.transport import run_transport_bench
 
     report = run_transport_bench(args.seconds)  # progress goes to stderr
+    if args.out:
+        folder = Path(args.out)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "transport.json").write_text(json.dumps(report.to_json(), indent=2))
+        (folder / "transport.md").write_text(report.to_table() + "\n")
     print(json.dumps(report.to_json()) if args.json else report.to_table())
     return 0
 
@@ -100,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
         "as ceilings; one-way wake-up latency on tcp and shm. Progress goes to stderr.",
     )
     b.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    b.add_argument("--out", metavar="DIR", help="also write transport.json and transport.md here")
     b.add_argument(
         "--seconds",
         type=_positive_seconds,

@@ -48,6 +48,7 @@ _MAX_NDIM = 32  # numpy allows 64; no RL array needs more than a handful
 _MAX_DIM = 1 << 40
 _MAX_DEPTH = 32  # nesting of tuples/maps inside a field value
 Buffer = bytes | bytearray | memoryview
+_NO_VIEWS: list[memoryview] = []  # (never appended to)
 
 
 def message_nbytes(frames: Sequence[Buffer]) -> int:
@@ -75,7 +76,7 @@ class Codec:
         self._header = msgspec.msgpack.Decoder(tuple[Any, Any, msgspec.Raw])
         self._bodies: dict[type[Event], _Body] = {}
         self._kinds: dict[type, _Kind] = {}
-        self._views: list[memoryview] = []  # the message being decoded (for its arrays)
+        self._views: list[memoryview] = _NO_VIEWS  # the message being decoded (its arrays)
         self._used: set[int] = set()
 
     # ----------------------------------------------------------------------------- encode
@@ -87,12 +88,12 @@ class Codec:
             BadFrame: if a frame would exceed ``max_frame_bytes``.
         """
         kind = self._kinds.get(type(ev)) or self._kind(ev)
-        for name, check in kind.checks:  # refuse here what the peer would refuse
-            value = getattr(ev, name)
-            if not check(value, _MAX_DEPTH):
-                raise TypeError(
-                    f"cannot encode {kind.name}.{name}={_short(value)}: expected {kind.hints[name]}"
-                )
+        bad = kind.check(ev)  # refuse here what the peer would refuse
+        if bad is not None:
+            value = getattr(ev, bad)
+            raise TypeError(
+                f"cannot encode {kind.name}.{bad}={_short(value)}: expected {kind.hints[bad]}"
+            )
         self._buffers = []
         try:
             header = self._encoder.encode((WIRE_VERSION, kind.name, ev))
@@ -100,7 +101,8 @@ class Codec:
             buffers, self._buffers = self._buffers, []
         if len(header) > self.max_frame_bytes:
             raise BadFrame(
-                "frame_too_large", f"frame 0 is {len(header)} bytes > max {self.max_frame_bytes}"
+                "frame_too_large",
+                f"frame 0 is {len(header)} bytes > max {self.max_frame_bytes}",
             )
         if not buffers:
             return [header]
@@ -119,7 +121,7 @@ class Codec:
         info = event_info(getattr(ev, "TYPE", ""))
         if info is None or type(ev) is not info.cls:
             raise TypeError(f"cannot encode {ev!r:.80}: not an event declared with @event")
-        kind = _Kind(info.name, _field_checks(info), info.hints)
+        kind = _Kind(info.name, _event_check(info), info.hints)
         self._kinds[info.cls] = kind
         return kind
 
@@ -148,18 +150,31 @@ class Codec:
         Raises:
             BadFrame: on any malformed input; ``reason`` names the problem.
         """
-        if not frames:
-            raise BadFrame("empty_message", "a message needs at least a header frame")
-        if len(frames) > self.max_frames:
-            raise BadFrame("too_many_frames", f"{len(frames)} frames > max {self.max_frames}")
-        views = [memoryview(f) for f in frames]  # cheap: a few per message at most
-        for i, v in enumerate(views):
-            if v.nbytes > self.max_frame_bytes:
+        count = len(frames)
+        if count == 1:  # no arrays: no views to make (an array reference fails its index)
+            head = frames[0]
+            size = head.nbytes if type(head) is memoryview else len(head)
+            if size > self.max_frame_bytes:
                 raise BadFrame(
-                    "frame_too_large", f"frame {i} is {v.nbytes} bytes > max {self.max_frame_bytes}"
+                    "frame_too_large",
+                    f"frame 0 is {size} bytes > max {self.max_frame_bytes}",
                 )
+            views: list[memoryview] = _NO_VIEWS
+        else:
+            if not count:
+                raise BadFrame("empty_message", "a message needs at least a header frame")
+            if count > self.max_frames:
+                raise BadFrame("too_many_frames", f"{count} frames > max {self.max_frames}")
+            views = [memoryview(f) for f in frames]
+            for i, v in enumerate(views):
+                if v.nbytes > self.max_frame_bytes:
+                    raise BadFrame(
+                        "frame_too_large",
+                        f"frame {i} is {v.nbytes} bytes > max {self.max_frame_bytes}",
+                    )
+            head = views[0]
         try:
-            version, type_name, raw = self._header.decode(views[0])
+            version, type_name, raw = self._header.decode(head)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise BadFrame("malformed_header", str(exc)) from None
         except RecursionError:
@@ -169,13 +184,16 @@ class Codec:
         info = event_info(type_name) if type(type_name) is str else None
         if info is None:
             raise BadFrame("unknown_event_type", f"event type {type_name!r:.80} is not registered")
-        body = self._bodies.get(info.cls) or self._body(info)
+        body = self._bodies.get(info.cls)
+        if body is None:
+            body = self._body(info)
         entries = _map_length(memoryview(raw))
         if entries is None:
             raise BadFrame("malformed_body", f"{info.name} body is not a map")
         if entries != len(info.fields):
             raise _field_mismatch(info, raw)
-        self._views, self._used = views, set()
+        self._views = views
+        self._used = used = set[int]()
         try:
             ev: Event = body.decoder.decode(raw)
         except msgspec.ValidationError as exc:
@@ -185,10 +203,11 @@ class Codec:
         except RecursionError:
             raise BadFrame("too_deep", f"{info.name} nests too deep") from None
         finally:
-            used, self._views = self._used, []
-        if len(used) != len(views) - 1:
+            self._views = _NO_VIEWS
+        if len(used) != count - 1:
             raise BadFrame(
-                "unreferenced_frames", f"{len(views) - 1} buffer frames, {len(used)} referenced"
+                "unreferenced_frames",
+                f"{count - 1} buffer frames, {len(used)} referenced",
             )
         for name in body.free:  # ``Any`` fields: checked here, msgspec takes any value
             value = getattr(ev, name)
@@ -218,7 +237,7 @@ class Codec:
 
 class _Kind(typing.NamedTuple):
     name: str  # the wire name
-    checks: tuple[tuple[str, Check], ...]
+    check: Callable[[Event], str | None]  # the first field of the wrong type, or None
     hints: dict[str, Any]
 
 
@@ -272,20 +291,36 @@ def _invalid(info: EventInfo, message: str) -> BadFrame:
     return BadFrame("bad_field_type", f"{info.name}: {message}")
 
 
-def _decode_array(data: memoryview, views: list[memoryview], used: set[int]) -> np.ndarray:
+_ARRAY_SPEC = msgspec.msgpack.Decoder(tuple[Any, Any, Any])
+_DTYPES: dict[str, np.dtype[Any]] = {}  # numeric dtypes seen on the wire, by their string
+
+
+def _dtype(text: object) -> np.dtype[Any]:
+    """The numeric dtype a descriptor names (BadFrame ``bad_dtype`` for anything else)."""
+    dtype = _DTYPES.get(text) if type(text) is str else None
+    if dtype is not None:
+        return dtype
     try:
-        spec = msgpack.unpackb(data, raw=False, use_list=False)
-        dtype_str, shape, index = spec
-    except Exception as exc:
-        raise BadFrame(
-            "malformed_array", f"array descriptor: {type(exc).__name__}: {exc}"
-        ) from None
-    try:
-        dtype = np.dtype(dtype_str) if isinstance(dtype_str, str) else None
+        dtype = np.dtype(text) if isinstance(text, str) else None
     except TypeError:
         dtype = None
     if dtype is None or dtype.kind not in _ALLOWED_KINDS or dtype.fields is not None:
-        raise BadFrame("bad_dtype", f"dtype {dtype_str!r:.40} is not a numeric dtype")
+        raise BadFrame("bad_dtype", f"dtype {text!r:.40} is not a numeric dtype")
+    if len(_DTYPES) < 256:  # bounded: a peer cannot grow it without end
+        _DTYPES[text] = dtype  # type: ignore[index]
+    return dtype
+
+
+def _decode_array(data: memoryview, views: list[memoryview], used: set[int]) -> np.ndarray:
+    try:
+        dtype_str, shape, index = _ARRAY_SPEC.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
+        raise BadFrame(
+            "malformed_array", f"array descriptor: {type(exc).__name__}: {exc}"
+        ) from None
+    dtype = _dtype(dtype_str)
+    if type(shape) is list:  # (msgspec gives lists)
+        shape = tuple(shape)
     if not (
         isinstance(shape, tuple)
         and len(shape) <= _MAX_NDIM
@@ -311,36 +346,63 @@ def _decode_array(data: memoryview, views: list[memoryview], used: set[int]) -> 
     return np.frombuffer(frame, dtype=dtype).reshape(shape)
 
 
-def _build(info: EventInfo, body: object) -> Event:
-    if not isinstance(body, dict):
-        raise BadFrame("malformed_body", f"{info.name} body is {type(body).__name__}, not a map")
-    if len(body) != len(info.fields) or not all(f in body for f in info.fields):
-        missing = sorted(set(info.fields) - body.keys())
-        extra = sorted(str(k) for k in body.keys() - set(info.fields))
-        raise BadFrame("bad_fields", f"{info.name}: missing {missing}, unexpected {extra}")
-    for name, check in _field_checks(info):
-        if not check(body[name], _MAX_DEPTH):
-            raise BadFrame(
-                "bad_field_type",
-                f"{info.name}.{name}={_short(body[name])} does not match {info.hints[name]}",
-            )
-    return info.cls(**body)
-
-
 _PRIMITIVES = (type(None), bool, int, float, str, bytes, np.ndarray)
 
 
 Check = Callable[[object, int], bool]
-_checks: dict[type[Event], tuple[tuple[str, Check], ...]] = {}
 
 
-def _field_checks(info: EventInfo) -> tuple[tuple[str, Check], ...]:
-    """Per-field validators of an event class, compiled once from its annotations."""
-    checks = _checks.get(info.cls)
-    if checks is None:
-        checks = tuple((name, _compile(info.hints[name])) for name in info.fields)
-        _checks[info.cls] = checks
-    return checks
+def _event_check(info: EventInfo) -> Callable[[Event], str | None]:
+    """One function that checks every field of an event class and returns the name of the
+    first field of the wrong type (``None``: all good), generated from the annotations.
+
+    Leaves and maps/tuples of leaves are checked inline (the common fields, e.g. a
+    heartbeat's counters, cost tens of nanoseconds a value); other fields call their
+    :func:`_compile`d check.
+    """
+    env: dict[str, Any] = {}
+    lines = ["def check(ev):"]
+    for i, name in enumerate(info.fields):
+        hint = info.hints[name]
+        lines.append(f"    v = ev.{name}")
+        leaf = _plain_leaves(hint)
+        origin, args = typing.get_origin(hint), typing.get_args(hint)
+        keys = _plain_leaves(args[0]) if origin in (dict, tuple) else None
+        values = _plain_leaves(args[1]) if origin is dict else None
+        if leaf is not None:
+            lines.append(f"    if {_type_test('v', leaf, env, f'T{i}')}: return {name!r}")
+        elif keys is not None and values is not None:
+            key = _type_test("k", keys, env, f"K{i}")
+            value = _type_test("x", values, env, f"V{i}")
+            lines.append(f"    if type(v) is not dict: return {name!r}")
+            lines.append("    for k, x in v.items():")
+            lines.append(f"        if {key} or {value}: return {name!r}")
+        elif origin is tuple and keys is not None and len(args) == 2 and args[1] is Ellipsis:
+            item = _type_test("x", keys, env, f"I{i}")
+            lines.append(f"    if type(v) is not tuple: return {name!r}")
+            lines.append("    for x in v:")
+            lines.append(f"        if {item}: return {name!r}")
+        else:
+            env[f"C{i}"] = _compile(hint)
+            lines.append(f"    if not C{i}(v, {_MAX_DEPTH}): return {name!r}")
+    lines.append("    return None")
+    exec("\n".join(lines), env)  # source built above from field names (identifiers) only
+    check: Callable[[Event], str | None] = env["check"]
+    return check
+
+
+def _plain_leaves(hint: Any) -> frozenset[type] | None:
+    leaf = _leaf_types(hint)
+    return leaf if leaf is not None and np.ndarray not in leaf else None
+
+
+def _type_test(var: str, types_: frozenset[type], env: dict[str, Any], slot: str) -> str:
+    """Source that is true when ``var``'s exact type is not one of ``types_``."""
+    if len(types_) == 1:
+        env[slot] = next(iter(types_))
+        return f"type({var}) is not {slot}"
+    env[slot] = types_
+    return f"type({var}) not in {slot}"
 
 
 def _compile(hint: Any) -> Check:

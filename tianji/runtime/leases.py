@@ -26,7 +26,6 @@ overwritten. Reference counts are exact in CPython, which this relies on.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 from typing import Any, Protocol
 
 import numpy as np
@@ -35,6 +34,7 @@ from tianji.runtime.events import Event
 
 __all__ = ["Handoff", "Lease", "Marks"]
 
+_CONTAINERS = (dict, list, tuple)
 Marks = tuple[list[Any], list[int], int]
 """What :meth:`Handoff.before` saw: the objects, their reference counts and how many of
 them (at the end) are root arrays."""
@@ -74,11 +74,11 @@ class Handoff:
         """Reference counts of the event, of every array and container in it and of the
         buffers the arrays view (``None`` when it holds no array: nothing to track). Call
         :meth:`after` from the same frame, with the same references to ``ev`` alive."""
-        objs = list(_holders(ev))
+        objs = _holders(ev)
         if not objs:
             return None
         held = len(objs)
-        objs += {id(r): r for r in _roots(objs)}.values()  # no other local refers to them
+        objs += _roots(objs).values()  # (the dict is gone before the counts are taken)
         return objs, [sys.getrefcount(obj) for obj in objs], len(objs) - held
 
     def after(self, lease: Lease, ev: Event, marks: Marks | None) -> None:
@@ -128,39 +128,46 @@ def _names(ev: Event) -> tuple[str, ...]:
     return names
 
 
-def _holders(ev: Event) -> Iterator[Any]:
-    """The event, then every container on the way to an array, and the arrays."""
-    found = False
+def _holders(ev: Event) -> list[Any]:
+    """The arrays in the event, the containers on the way to them and (if there are any)
+    the event itself."""
+    out: list[Any] = []
     for name in _names(ev):
-        value = getattr(ev, name)
-        for obj in _walk(value, 4):
-            found = True
-            yield obj
+        _collect(getattr(ev, name), 4, out)
+    if out:
+        out.append(ev)
+    return out
+
+
+def _collect(value: object, depth: int, out: list[Any]) -> bool:
+    """Append the arrays in ``value`` and the containers holding them; whether any."""
+    kind = type(value)
+    if kind is np.ndarray:
+        out.append(value)
+        return True
+    if not depth or kind not in _CONTAINERS:
+        return False
+    found = False
+    items: Any = value.values() if isinstance(value, dict) else value
+    for item in items:
+        found = _collect(item, depth - 1, out) or found
     if found:
-        yield ev
+        out.append(value)
+    return found
 
 
-def _walk(value: object, depth: int) -> Iterator[Any]:
-    if isinstance(value, np.ndarray):
-        yield value
-    elif depth and isinstance(value, (dict, list, tuple)):
-        items = value.values() if isinstance(value, dict) else value
-        inner = [obj for item in items for obj in _walk(item, depth - 1)]
-        if inner:
-            yield value
-            yield from inner
-
-
-def _roots(objs: list[Any]) -> Iterator[np.ndarray]:
-    """The arrays made straight from the ring buffers that the arrays among ``objs`` view:
-    every view of those, however derived, keeps its root alive (numpy points a view's
-    ``base`` at the root array)."""
+def _roots(objs: list[Any]) -> dict[int, np.ndarray]:
+    """The arrays made straight from the ring buffers that the arrays among ``objs`` view
+    (by id): every view of those, however derived, keeps its root alive (numpy points a
+    view's ``base`` at the root array). An array that is its own root is watched twice."""
+    roots = {}
     for obj in objs:
-        if isinstance(obj, np.ndarray):
+        if type(obj) is np.ndarray:
             root = obj
             while isinstance(root.base, np.ndarray):
                 root = root.base
-            yield root  # (the array itself when it is one: then it is watched twice)
+            roots[id(root)] = root
+    return roots
 
 
 def _copy_arrays(ev: Event) -> int:

@@ -24,8 +24,9 @@ RECV_BATCH = 64
 """At most this many messages are taken per wake-up (and at most ~1 MiB beyond the first:
 see :func:`~tianji.runtime.core.recv_batch`), so the batch adds little to the link's bound."""
 
-ZERO_COPY_MIN_BYTES = 16 << 10
-"""Messages over shared memory at least this large reach handlers as views of the ring."""
+ZERO_COPY_MIN_BYTES = 256 << 10
+"""Messages over shared memory at least this large reach handlers as views of the ring
+(smaller ones are copied out: settling a lease costs about what copying 128 KiB does)."""
 
 log = logging.getLogger("tianji.service")
 
