@@ -87,3 +87,36 @@ def _nothing_of_the_session_outlives_it() -> Iterator[None]:
     problems = [f"process {pid} still alive: {cmd}" for pid, cmd in sorted(left.items())]
     problems += [f"/dev/shm/{name} left behind" for name in sorted(segments)]
     assert not problems, "the test session leaked:\n" + "\n".join(problems)
+
+
+@pytest.fixture(scope="session")
+def ppo_example_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, int]:
+    """One run of the README's demo config to 475 (``tianji train examples/cartpole_ppo.toml
+    --target-return 475``) with a run directory and a summary copy, shared by the tests
+    that check what such a run leaves (the CLI's target and accounting, the run directory).
+
+    Returns (the ``--run-dir`` parent, the run's stdout + stderr, its exit code).
+    """
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    parent = tmp_path_factory.mktemp("ppo-example")
+    result = subprocess.run(
+        [
+            *(
+                sys.executable,
+                "-m",
+                "tianji.cli",
+                "train",
+                str(root / "examples/cartpole_ppo.toml"),
+            ),
+            *("--target-return", "475", "--max-seconds", "240", "--run-dir", str(parent)),
+            *("--summary", str(parent / "copy.json")),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        cwd=root,
+    )
+    return parent, result.stdout + result.stderr, result.returncode

@@ -7,9 +7,7 @@ import datetime
 import io
 import json
 import re
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -354,27 +352,18 @@ def test_a_recorder_writes_rows_to_every_metrics_file_and_tensorboard(tmp_path: 
 
 # ------------------------------------------------------------------ end to end
 @pytest.mark.slow
-def test_a_training_run_leaves_a_complete_run_directory(tmp_path: Path) -> None:
-    started = time.monotonic()
-    result = subprocess.run(
-        [
-            *(sys.executable, "-m", "tianji.cli", "train", str(PPO)),
-            *("--target-return", "150", "--max-seconds", "120", "--run-dir", str(tmp_path)),
-            *("--summary", str(tmp_path / "copy.json")),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        cwd=ROOT,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+def test_a_training_run_leaves_a_complete_run_directory(
+    ppo_example_run: tuple[Path, str, int],
+) -> None:
+    tmp_path, output, code = ppo_example_run  # one run, shared with test_train_cli
+    assert code == 0, output[-3000:]
     (run,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     assert run.name.startswith("ppo-CartPole-v1-")
-    assert f"run directory: {run}" in result.stdout
+    assert f"run directory: {run}" in output
     summary = json.loads((run / "summary.json").read_text())
     assert summary["run_dir"] == str(run) and summary["time_to_target_s"] is not None
     assert json.loads((tmp_path / "copy.json").read_text()) == summary
-    assert load_config(run / "config.json").stop.target_return == 150
+    assert load_config(run / "config.json").stop.target_return == 475
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert rows and rows[-1]["env_steps"] == summary["env_steps"]
     events = EventAccumulator(str(run / "tb"))
@@ -385,4 +374,3 @@ def test_a_training_run_leaves_a_complete_run_directory(tmp_path: Path) -> None:
     assert {"rate/env_steps_per_s", "lag/mean", "balance/production_per_s"} <= set(
         events.Tags()["scalars"]
     )
-    print(f"end-to-end run: {time.monotonic() - started:.1f} s")

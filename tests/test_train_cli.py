@@ -82,8 +82,13 @@ def _summary(tmp_path: Path, *args: str) -> dict[str, object]:
 
 
 @pytest.mark.slow
-def test_ppo_reaches_475_on_cartpole_with_two_actor_processes(tmp_path: Path) -> None:
-    s = _summary(tmp_path, str(EXAMPLES / "cartpole_ppo.toml"), "--target-return", "475")
+def test_ppo_reaches_475_on_cartpole_with_two_actor_processes(
+    ppo_example_run: tuple[Path, str, int],
+) -> None:
+    parent, output, code = ppo_example_run  # (tests/conftest.py; test_rundir reads it too)
+    assert code == 0, output[-3000:]
+    assert "env steps" in output  # progress was shown
+    s = json.loads((parent / "copy.json").read_text())
     assert s["time_to_target_s"] is not None, s  # the last-20 mean reached 475
     assert s["stop_reason"] == "target_return reached", s
     assert s["env_steps_to_target"] <= s["env_steps"]  # type: ignore[operator]
