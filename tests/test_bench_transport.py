@@ -42,7 +42,7 @@ from tianji.bench.report import (
 )
 from tianji.bench.spawn import spawn_peer
 from tianji.runtime import plugins
-from tianji.testing import processes_with_arg, run_async
+from tianji.testing import interruptible, processes_with_arg, run_async
 
 MiB = 1 << 20
 ROW_KEYS = {"transport", "payload_bytes", "msgs_per_s", "bytes_per_s"}
@@ -363,6 +363,7 @@ def test_ctrl_c_stops_the_bench_and_its_peers() -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=interruptible,  # SIGINT acts as in a terminal
     )
     try:
         deadline = time.monotonic() + 60

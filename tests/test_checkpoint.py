@@ -40,6 +40,7 @@ from tianji.run.plan import RunPlan
 from tianji.run.rundir import RunDirectory, resume_point
 from tianji.runtime.errors import ConfigError
 from tianji.services.monitor import TrainMonitor
+from tianji.testing import interruptible
 
 ROOT = Path(__file__).resolve().parents[1]
 PPO = ROOT / "examples" / "cartpole_ppo.toml"
@@ -321,6 +322,7 @@ def test_a_run_stopped_with_ctrl_c_resumes_from_its_checkpoint_and_reaches_its_t
         text=True,
         cwd=tmp_path,
         start_new_session=True,
+        preexec_fn=interruptible,  # SIGINT acts as in a terminal
     )
     try:
         run, updates = _wait_for_updates(tmp_path, at_least=10, timeout=150)

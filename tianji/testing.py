@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import socket
 from collections.abc import Coroutine
 from pathlib import Path
@@ -12,7 +13,13 @@ from typing import Any, TypeVar
 
 from tianji.runtime.loop import run
 
-__all__ = ["free_tcp_port", "processes_with_arg", "run_async", "LISTEN_ADDRESSES"]
+__all__ = [
+    "LISTEN_ADDRESSES",
+    "free_tcp_port",
+    "interruptible",
+    "processes_with_arg",
+    "run_async",
+]
 
 T = TypeVar("T")
 
@@ -56,3 +63,10 @@ def processes_with_arg(*args: str) -> list[int]:
 def _contains_run(words: list[str], needle: list[str]) -> bool:
     n = len(needle)
     return any(words[i : i + n] == needle for i in range(len(words) - n + 1))
+
+
+def interruptible() -> None:
+    """``preexec_fn`` for a child that a test stops with SIGINT as a terminal's Ctrl-C does:
+    SIGINT back to its default, whatever this process inherited (a test run started in the
+    background by a non-interactive shell has SIGINT ignored, and children inherit that)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
