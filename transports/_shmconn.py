@@ -216,40 +216,34 @@ class ShmConnection:
         """Wait for a message, then take every further complete one already in the ring
         (up to ``max_messages`` in all, and no more once those beyond the first reach
         ``max_bytes``): one wake-up for a burst."""
-        frames, _ = await self._next(lease=False)
-        batch = [frames]
-        nbytes = 0
-        while len(batch) < max_messages and nbytes < max_bytes:
-            got = self._take_ready(False)
-            if got is None:
-                break
-            batch.append(got[0])
-            nbytes += sum([f.nbytes for f in got[0]])
-        return batch
+        return [frames for frames, _ in await self._burst(False, max_messages, max_bytes)]
 
     async def recv_lease_batch(
         self, max_messages: int = 64, max_bytes: int = 1 << 20
     ) -> list[ShmLease]:
         """:meth:`recv_batch`, each message as a lease on the ring (see :meth:`recv_lease`);
         release them in any order, the space returns in order."""
-        _, lease = await self._next(lease=True)
-        assert lease is not None
-        batch = [lease]
+        burst = await self._burst(True, max_messages, max_bytes)
+        return [held for _, held in burst if held is not None]
+
+    async def _burst(
+        self, lease: bool, max_messages: int, max_bytes: int
+    ) -> list[tuple[list[memoryview], ShmLease | None]]:
+        batch = [await self._next(lease)]
         nbytes = 0
         while len(batch) < max_messages and nbytes < max_bytes:
-            got = self._take_ready(True)
+            got = self._take_ready(lease)
             if got is None:
                 break
-            assert got[1] is not None
-            batch.append(got[1])
+            batch.append(got)
             nbytes += sum([f.nbytes for f in got[0]])
         return batch
 
     def _take_ready(self, lease: bool) -> tuple[list[memoryview], ShmLease | None] | None:
         """The next complete message if one is in the ring now (never waits, never raises:
-        an error is left for the next ``recv``)."""
+        a malformed record closes the connection and is left in ``_error`` for ``recv``)."""
         r = self._r
-        if r is None or self._closed or self._error is not None:
+        if r is None or self._closed:
             return None
         try:
             got = r.take(lease)
@@ -280,21 +274,14 @@ class ShmConnection:
         while True:
             if self._closed:
                 raise ClosedByUs(f"shm connection to {self._peer}")
+            got = self._take_ready(lease)  # a malformed record: self._error, raised below
+            if got is not None:
+                return got
             r = self._r
-            if r is not None:
-                try:
-                    got = r.take(lease)
-                except BadFrame as exc:
-                    self._fail(exc.with_peer(self._peer))
-                    raise exc.with_peer(self._peer) from None
-                if got is not None:
-                    self.messages_received += 1
-                    self.bytes_received += sum([f.nbytes for f in got[0]])
-                    return got
-                if r.ended():
-                    if r.mid_message:
-                        raise BrokenByPeer(self._peer, "goodbye in the middle of a message")
-                    raise EndOfStream(self._peer)
+            if r is not None and r.ended():
+                if r.mid_message:
+                    raise BrokenByPeer(self._peer, "goodbye in the middle of a message")
+                raise EndOfStream(self._peer)
             if self._error is not None:
                 raise self._error
             self._can_recv.clear()
