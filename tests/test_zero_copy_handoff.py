@@ -170,19 +170,30 @@ class Keeper(Service):
         self.events.append(ev)  # kept: the runtime must copy before the ring is reused
 
 
-def test_a_subscriber_over_shm_gets_ring_views_and_keeps_valid_events() -> None:
+@contextlib.asynccontextmanager
+async def pub_and(sub_class: type[Service]) -> AsyncIterator[tuple[Service, Any]]:
+    """A controller, a publisher of ArraysPublished and a ``sub_class`` subscriber on shm,
+    running and linked; all stopped on exit."""
     bind = LISTEN_ADDRESSES["shm"]
+    ctl = Controller(bind=bind)
+    tasks = [asyncio.create_task(ctl.run())]
+    await ctl.wait_ready()
+    pub = Service("pub", bind=bind, controller=ctl.address, publishes=[ArraysPublished])
+    sub = sub_class("sub", bind=bind, controller=ctl.address)
+    tasks += [asyncio.create_task(s.run()) for s in (pub, sub)]
+    try:
+        await asyncio.gather(pub.wait_ready(), sub.wait_ready())
+        await pub.wait_subscribers(ArraysPublished, 1)
+        yield pub, sub
+    finally:
+        for s in (sub, pub, ctl):
+            s.stop("test over")
+        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 20)
 
+
+def test_a_subscriber_over_shm_gets_ring_views_and_keeps_valid_events() -> None:
     async def main() -> None:
-        ctl = Controller(bind=bind)
-        tasks = [asyncio.create_task(ctl.run())]
-        await ctl.wait_ready()
-        pub = Service("pub", bind=bind, controller=ctl.address, publishes=[ArraysPublished])
-        sub = Keeper("sub", bind=bind, controller=ctl.address)
-        tasks += [asyncio.create_task(s.run()) for s in (pub, sub)]
-        try:
-            await asyncio.gather(pub.wait_ready(), sub.wait_ready())
-            await pub.wait_subscribers(ArraysPublished, 1)
+        async with pub_and(Keeper) as (pub, sub):
             for seq in range(200):  # 200 x 256 KiB through the ring
                 await pub.publish(event(seq))
             await pub.publish(event(200, size=64))  # small: copied out, not leased
@@ -192,10 +203,6 @@ def test_a_subscriber_over_shm_gets_ring_views_and_keeps_valid_events() -> None:
             for seq, ev in enumerate(sub.events):
                 assert ev.seq == seq and np.all(ev.arrays["x"] == seq)
             assert sub.heartbeat().counters["zero_copy_arrays_copied"] == 200
-        finally:
-            for s in (sub, pub, ctl):
-                s.stop("test over")
-            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 20)
 
     run_async(main())
 
@@ -210,18 +217,8 @@ class ArrayKeeper(Keeper):
 
 
 def test_leases_held_for_kept_arrays_are_freed_once_the_arrays_are_dropped() -> None:
-    bind = LISTEN_ADDRESSES["shm"]
-
     async def main() -> None:
-        ctl = Controller(bind=bind)
-        tasks = [asyncio.create_task(ctl.run())]
-        await ctl.wait_ready()
-        pub = Service("pub", bind=bind, controller=ctl.address, publishes=[ArraysPublished])
-        sub = ArrayKeeper("sub", bind=bind, controller=ctl.address)
-        tasks += [asyncio.create_task(s.run()) for s in (pub, sub)]
-        try:
-            await asyncio.gather(pub.wait_ready(), sub.wait_ready())
-            await pub.wait_subscribers(ArraysPublished, 1)
+        async with pub_and(ArrayKeeper) as (pub, sub):
             for seq in range(3):
                 await pub.publish(event(seq))
             while len(sub.arrays) < 3:  # noqa: ASYNC110 - reads another service's list
@@ -232,9 +229,5 @@ def test_leases_held_for_kept_arrays_are_freed_once_the_arrays_are_dropped() -> 
             sub.arrays.clear()  # no further message comes: the link's poller frees them
             while "held_leases" in sub.heartbeat().gauges:  # noqa: ASYNC110
                 await asyncio.sleep(0.01)
-        finally:
-            for s in (sub, pub, ctl):
-                s.stop("test over")
-            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 20)
 
     run_async(main())
