@@ -5,11 +5,11 @@ beyond the ones that changed."""
 
 from __future__ import annotations
 
-import dataclasses
 import types
 from collections.abc import Mapping
 from typing import Any
 
+import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -112,7 +112,7 @@ def test_running_totals_equal_a_fresh_sum_after_any_sequence(steps: list[Any]) -
             tally.remove(name)  # Balancer.forget
             deaths[name] = deaths.get(name, 0) + 1
             hb = heartbeats.pop(name)
-            heartbeats[f"{name}#{deaths[name]}"] = dataclasses.replace(hb, state="dead")
+            heartbeats[f"{name}#{deaths[name]}"] = msgspec.structs.replace(hb, state="dead")
             live.pop(name, None)
         elif what == "leave":  # finished: its heartbeat stays, it is no longer live
             live.pop(name, None)

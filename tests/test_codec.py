@@ -12,7 +12,6 @@ What is proven here:
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import pickle
 from collections.abc import Callable
@@ -59,6 +58,7 @@ from tianji.runtime.events import (
     Shutdown,
     Subscribe,
     WatchTopics,
+    event,
     event_types,
 )
 
@@ -68,15 +68,13 @@ from tianji.runtime.events import (
 def assert_same(expected: object, actual: object, path: str = "event") -> None:
     """Structural equality that also compares types, dtypes, shapes and raw array bytes.
 
-    Dataclass ``==`` cannot compare events holding arrays, and ``np.array_equal`` treats
+    Struct ``==`` cannot compare events holding arrays, and ``np.array_equal`` treats
     NaN payloads and ``-0.0`` loosely; the wire must be bit-exact.
     """
     assert type(actual) is type(expected), f"{path}: {type(actual)} != {type(expected)}"
     if isinstance(expected, Event):
-        for field in dataclasses.fields(expected):  # type: ignore[arg-type]
-            assert_same(
-                getattr(expected, field.name), getattr(actual, field.name), f"{path}.{field.name}"
-            )
+        for name in expected.__struct_fields__:
+            assert_same(getattr(expected, name), getattr(actual, name), f"{path}.{name}")
     elif isinstance(expected, np.ndarray):
         assert isinstance(actual, np.ndarray)
         assert actual.dtype == expected.dtype, f"{path}: dtype {actual.dtype} != {expected.dtype}"
@@ -657,6 +655,29 @@ def test_an_extra_field_is_bad_frame_bad_fields() -> None:
 
 def test_an_empty_body_is_bad_frame_bad_fields() -> None:
     assert decode_error([header("Shutdown", {})]).reason == "bad_fields"
+
+
+def test_a_missing_field_that_has_a_default_decodes_with_the_default() -> None:
+    # (a peer one field behind: Heartbeat.links_down was added with a default)
+    body = {
+        "name": "a", "role": "actor", "state": "running", "counters": {}, "gauges": {},
+        "queue_depths": {}, "sent_at": 1.0,
+    }  # fmt: skip
+    ev = decode([header("Heartbeat", body)])
+    assert isinstance(ev, Heartbeat) and ev.links_down == {}
+
+
+def test_event_refuses_a_class_that_is_not_an_event_subclass() -> None:
+    with pytest.raises(TypeError, match=r"subclass of tianji\.runtime\.events\.Event"):
+        event(type("NotAnEvent", (), {"__annotations__": {"x": int}}))
+
+
+def test_events_are_frozen_and_keyword_only() -> None:
+    ev = Shutdown(reason="x")
+    with pytest.raises(AttributeError):
+        ev.reason = "y"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        Shutdown("x")  # type: ignore[misc]
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
 import json
 import re
 import shutil
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import aiohttp
+import msgspec
 import pytest
 
 from tianji.dashboard import parse_address
@@ -173,7 +173,7 @@ def test_status_and_the_progress_line_name_a_link_that_cannot_connect() -> None:
     controller, monitor = a_run(1), FakeMonitor()
     buffer = controller.registry["buffer-0"]
     down = {"tcp://127.0.0.1:100": "connect failed: Connection refused (down 3 s, never up)"}
-    beat(controller, dataclasses.replace(buffer.last_heartbeat, links_down=down))
+    beat(controller, msgspec.structs.replace(buffer.last_heartbeat, links_down=down))
     body = status(controller, monitor)
     assert body["links_down"] == [
         {

@@ -26,12 +26,12 @@ The codec does no I/O and keeps no per-connection state; it is tested without so
 
 from __future__ import annotations
 
+import math
 import types
 import typing
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Annotated, Any
 
-import msgpack
 import msgspec
 import numpy as np
 
@@ -72,9 +72,9 @@ class Codec:
         self.max_frames = max_frames
         self._buffers: list[memoryview] = []
         self._encoder = msgspec.msgpack.Encoder(enc_hook=self._default)
-        self._ext_packer = msgpack.Packer(use_bin_type=True, autoreset=True)
+        self._descriptor = msgspec.msgpack.Encoder()  # array descriptors
         self._header = msgspec.msgpack.Decoder(tuple[Any, Any, msgspec.Raw])
-        self._bodies: dict[type[Event], _Body] = {}
+        self._bodies: dict[str, _Body] = {}  # by wire name
         self._kinds: dict[type, _Kind] = {}
         self._views: list[memoryview] = _NO_VIEWS  # the message being decoded (its arrays)
         self._used: set[int] = set()
@@ -137,7 +137,7 @@ class Codec:
             # A uint8 view of the contiguous data: no copy, works for every numeric dtype.
             raw: Any = arr.reshape(-1).view(np.uint8)
             self._buffers.append(memoryview(raw))
-            ext = self._ext_packer.pack([arr.dtype.str, list(arr.shape), index])
+            ext = self._descriptor.encode((arr.dtype.str, arr.shape, index))
             return msgspec.msgpack.Ext(ARRAY_EXT, ext)
         if isinstance(obj, np.generic):
             return obj.item()
@@ -181,52 +181,34 @@ class Codec:
             raise BadFrame("too_deep", "the header nests too deep") from None
         if type(version) is not int or version != WIRE_VERSION:
             raise BadFrame("wire_version", f"version {version!r}, this peer speaks {WIRE_VERSION}")
+        body = self._bodies.get(type_name) if type(type_name) is str else None
+        if body is None:
+            body = self._body(type_name)
+        if views is _NO_VIEWS:  # an array reference fails its frame index (no frames)
+            ev = body.decode(raw)
+        else:
+            self._views = views
+            self._used = used = set[int]()
+            try:
+                ev = body.decode(raw)
+            finally:
+                self._views = _NO_VIEWS
+            if len(used) != count - 1:
+                raise BadFrame(
+                    "unreferenced_frames",
+                    f"{count - 1} buffer frames, {len(used)} referenced",
+                )
+        if body.free:
+            body.check_free(ev)
+        return ev
+
+    def _body(self, type_name: object) -> _Body:
+        """The body decoder of the event type ``type_name`` (built on first use)."""
         info = event_info(type_name) if type(type_name) is str else None
         if info is None:
             raise BadFrame("unknown_event_type", f"event type {type_name!r:.80} is not registered")
-        body = self._bodies.get(info.cls)
-        if body is None:
-            body = self._body(info)
-        entries = _map_length(memoryview(raw))
-        if entries is None:
-            raise BadFrame("malformed_body", f"{info.name} body is not a map")
-        if entries != len(info.fields):
-            raise _field_mismatch(info, raw)
-        self._views = views
-        self._used = used = set[int]()
-        try:
-            ev: Event = body.decoder.decode(raw)
-        except msgspec.ValidationError as exc:
-            raise _invalid(info, str(exc)) from None
-        except msgspec.DecodeError as exc:  # e.g. bad UTF-8 in a string of the body
-            raise BadFrame("malformed_header", str(exc)) from None
-        except RecursionError:
-            raise BadFrame("too_deep", f"{info.name} nests too deep") from None
-        finally:
-            self._views = _NO_VIEWS
-        if len(used) != count - 1:
-            raise BadFrame(
-                "unreferenced_frames",
-                f"{count - 1} buffer frames, {len(used)} referenced",
-            )
-        for name in body.free:  # ``Any`` fields: checked here, msgspec takes any value
-            value = getattr(ev, name)
-            try:
-                object.__setattr__(ev, name, _as_plain(value, _MAX_DEPTH))
-            except ValueError:
-                raise BadFrame(
-                    "bad_field_type",
-                    f"{info.name}.{name}={_short(value)} does not match {info.hints[name]}",
-                ) from None
-        return ev
-
-    def _body(self, info: EventInfo) -> _Body:
-        """The typed decoder of one event class's body (built on first use)."""
-        body = _Body(
-            msgspec.msgpack.Decoder(info.cls, ext_hook=self._ext_hook, dec_hook=_dec_hook),
-            tuple(name for name in info.fields if _holds_any(info.hints[name])),
-        )
-        self._bodies[info.cls] = body
+        body = _Body(info, self._ext_hook)
+        self._bodies[info.name] = body
         return body
 
     def _ext_hook(self, code: int, data: memoryview) -> object:
@@ -241,9 +223,41 @@ class _Kind(typing.NamedTuple):
     hints: dict[str, Any]
 
 
-class _Body(typing.NamedTuple):
-    decoder: msgspec.msgpack.Decoder[Any]
-    free: tuple[str, ...]  # fields whose type holds ``Any``: checked after decoding
+class _Body:
+    """How one event class's body is decoded: a msgspec decoder typed with the class
+    (field types, missing and unknown fields checked in C), then a Python pass over the
+    fields typed ``Any`` (``free``), which msgspec takes as they come."""
+
+    __slots__ = ("decoder", "free", "info")
+
+    def __init__(self, info: EventInfo, ext_hook: Callable[[int, memoryview], object]) -> None:
+        self.info = info
+        self.decoder = msgspec.msgpack.Decoder(info.cls, ext_hook=ext_hook, dec_hook=_dec_hook)
+        self.free = tuple(name for name in info.fields if _holds_any(info.hints[name]))
+
+    def decode(self, raw: msgspec.Raw) -> Event:
+        try:
+            ev: Event = self.decoder.decode(raw)
+        except msgspec.ValidationError as exc:
+            raise _invalid(self.info, str(exc)) from None
+        except msgspec.DecodeError as exc:  # e.g. bad UTF-8 in a string of the body
+            raise BadFrame("malformed_header", str(exc)) from None
+        except RecursionError:
+            raise BadFrame("too_deep", f"{self.info.name} nests too deep") from None
+        return ev
+
+    def check_free(self, ev: Event) -> None:
+        """Check the ``Any`` fields' values (arrays in them become tuples)."""
+        for name in self.free:
+            value = getattr(ev, name)
+            try:
+                msgspec.structs.force_setattr(ev, name, _as_plain(value, _MAX_DEPTH))
+            except ValueError:
+                raise BadFrame(
+                    "bad_field_type",
+                    f"{self.info.name}.{name}={_short(value)} does not match "
+                    f"{self.info.hints[name]}",
+                ) from None
 
 
 def _dec_hook(kind: type, value: object) -> object:
@@ -257,90 +271,66 @@ def _holds_any(hint: Any) -> bool:
     return hint is Any or hint is object or any(_holds_any(a) for a in typing.get_args(hint))
 
 
-def _map_length(raw: memoryview) -> int | None:
-    """The entry count of the msgpack map starting ``raw`` (``None``: not a map)."""
-    if not raw.nbytes:
-        return None
-    first = raw[0]
-    if 0x80 <= first <= 0x8F:
-        return first & 0x0F
-    if first == 0xDE and raw.nbytes >= 3:
-        return int.from_bytes(raw[1:3], "big")
-    if first == 0xDF and raw.nbytes >= 5:
-        return int.from_bytes(raw[1:5], "big")
-    return None
-
-
-def _field_mismatch(info: EventInfo, raw: msgspec.Raw) -> BadFrame:
-    """The BadFrame for a body with other fields than the event's (naming them)."""
-    try:
-        keys = msgspec.msgpack.decode(raw, type=dict[Any, Any], ext_hook=lambda c, d: None)
-    except (msgspec.DecodeError, msgspec.ValidationError, TypeError) as exc:
-        return BadFrame("malformed_body", f"{info.name} body: {exc}")
-    missing = sorted(set(info.fields) - keys.keys())
-    extra = sorted(str(k) for k in keys.keys() - set(info.fields))
-    return BadFrame("bad_fields", f"{info.name}: missing {missing}, unexpected {extra}")
-
-
 def _invalid(info: EventInfo, message: str) -> BadFrame:
     """The BadFrame for a msgspec validation error (``message`` names the field path)."""
-    if message.startswith("Object missing required field"):
+    if message.startswith(("Object missing required field", "Object contains unknown field")):
         return BadFrame("bad_fields", f"{info.name}: {message}")
     if " - at `" not in message:  # no field path: the body itself
         return BadFrame("malformed_body", f"{info.name} body: {message}")
     return BadFrame("bad_field_type", f"{info.name}: {message}")
 
 
-_ARRAY_SPEC = msgspec.msgpack.Decoder(tuple[Any, Any, Any])
+_Shape = Annotated[
+    tuple[Annotated[int, msgspec.Meta(ge=0, le=_MAX_DIM)], ...], msgspec.Meta(max_length=_MAX_NDIM)
+]
+# The descriptor [dtype_str, shape, frame_index], its types and bounds checked in C.
+_ARRAY_SPEC = msgspec.msgpack.Decoder(tuple[str, _Shape, int])
+_SPEC_PARTS = {"$[0]": "bad_dtype", "$[1]": "bad_shape", "$[2]": "bad_frame_index"}
 _DTYPES: dict[str, np.dtype[Any]] = {}  # numeric dtypes seen on the wire, by their string
 
 
-def _dtype(text: object) -> np.dtype[Any]:
+def _dtype(text: str) -> np.dtype[Any]:
     """The numeric dtype a descriptor names (BadFrame ``bad_dtype`` for anything else)."""
-    dtype = _DTYPES.get(text) if type(text) is str else None
+    dtype = _DTYPES.get(text)
     if dtype is not None:
         return dtype
     try:
-        dtype = np.dtype(text) if isinstance(text, str) else None
+        dtype = np.dtype(text)
     except TypeError:
         dtype = None
     if dtype is None or dtype.kind not in _ALLOWED_KINDS or dtype.fields is not None:
         raise BadFrame("bad_dtype", f"dtype {text!r:.40} is not a numeric dtype")
     if len(_DTYPES) < 256:  # bounded: a peer cannot grow it without end
-        _DTYPES[text] = dtype  # type: ignore[index]
+        _DTYPES[text] = dtype
     return dtype
+
+
+def _spec_error(exc: Exception) -> BadFrame:
+    """The BadFrame for a descriptor msgspec refused: the part its path names, if any."""
+    message = str(exc)
+    path = message.rpartition(" - at `")[2].rstrip("`")
+    reason = _SPEC_PARTS.get(path[:4]) if isinstance(exc, msgspec.ValidationError) else None
+    if reason == "bad_shape":
+        return BadFrame(reason, f"shape: {message} (at most {_MAX_NDIM} dims in 0..2**40)")
+    if reason is not None:
+        return BadFrame(reason, f"array descriptor: {message}")
+    return BadFrame("malformed_array", f"array descriptor: {type(exc).__name__}: {message}")
 
 
 def _decode_array(data: memoryview, views: list[memoryview], used: set[int]) -> np.ndarray:
     try:
         dtype_str, shape, index = _ARRAY_SPEC.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
-        raise BadFrame(
-            "malformed_array", f"array descriptor: {type(exc).__name__}: {exc}"
-        ) from None
+        raise _spec_error(exc) from None
     dtype = _dtype(dtype_str)
-    if type(shape) is list:  # (msgspec gives lists)
-        shape = tuple(shape)
-    if not (
-        isinstance(shape, tuple)
-        and len(shape) <= _MAX_NDIM
-        and all(type(d) is int and 0 <= d <= _MAX_DIM for d in shape)
-    ):
-        raise BadFrame(
-            "bad_shape",
-            f"shape {shape!r:.80} is not a tuple of at most {_MAX_NDIM} dims in 0..2**40",
-        )
-    if type(index) is not int or not 1 <= index < len(views) or index in used:
+    if not 1 <= index < len(views) or index in used:
         raise BadFrame("bad_frame_index", f"array frame index {index!r} (frames: {len(views)})")
     used.add(index)
     frame = views[index]
-    count = 1
-    for d in shape:
-        count *= d
-    if count * dtype.itemsize != frame.nbytes:
+    if math.prod(shape) * dtype.itemsize != frame.nbytes:
         raise BadFrame(
             "size_mismatch",
-            f"shape {shape} of {dtype.str} needs {count * dtype.itemsize} bytes, "
+            f"shape {shape} of {dtype.str} needs {math.prod(shape) * dtype.itemsize} bytes, "
             f"frame {index} has {frame.nbytes}",
         )
     return np.frombuffer(frame, dtype=dtype).reshape(shape)

@@ -32,6 +32,8 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
+import msgspec
+
 from tianji.runtime.core import Connection
 from tianji.runtime.errors import TianjiError
 from tianji.runtime.events import (
@@ -419,7 +421,7 @@ class Controller(Service):
         if hb is None:
             return
         retired = f"{name}#{self.restarts[name]}"
-        hb = dataclasses.replace(hb, name=retired, state="dead")
+        hb = msgspec.structs.replace(hb, name=retired, state="dead")
         for plugin in self.plugins:
             hb = plugin.retired(hb)
         self.heartbeats[retired] = hb

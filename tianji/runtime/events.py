@@ -1,6 +1,8 @@
 """Typed events: the only thing services exchange.
 
-Events are frozen, slotted, keyword-only dataclasses declared with :func:`event`. Facts are
+Events are frozen, keyword-only :class:`msgspec.Struct` classes (subclasses of :class:`Event`)
+registered with :func:`event`: built in C, ten times faster than frozen dataclasses, and
+decoded by the codec straight from msgpack. Facts are
 named in the past tense (``TrajectoryCollected``), commands in the imperative
 (:class:`Shutdown`). Every data-bearing event has a ``policy_version`` field: the version of
 the policy that produced the data, so staleness can be measured where data is consumed.
@@ -21,6 +23,7 @@ import dataclasses
 import typing
 from typing import Any, ClassVar, TypeVar, dataclass_transform
 
+import msgspec
 import numpy as np
 
 __all__ = [
@@ -48,10 +51,29 @@ _REGISTRY: dict[str, EventInfo] = {}
 E = TypeVar("E", bound="Event")
 
 
-class Event:
-    """Marker base class of every event. Declare events with :func:`event`."""
+@dataclass_transform(frozen_default=True, kw_only_default=True, field_specifiers=(msgspec.field,))
+class EventMeta(msgspec.StructMeta):
+    """The metaclass of events: every event class is keyword-only (``kw_only`` is a
+    per-class setting of msgspec structs, so it is given here rather than inherited)."""
 
-    __slots__ = ()
+    def __new__(
+        mcls, name: str, bases: tuple[type, ...], namespace: dict[str, Any], **options: Any
+    ) -> EventMeta:
+        options.setdefault("kw_only", True)
+        cls: EventMeta = super().__new__(mcls, name, bases, namespace, **options)
+        return cls
+
+
+class Event(msgspec.Struct, metaclass=EventMeta, frozen=True, gc=False, forbid_unknown_fields=True):
+    """Base class of every event: a frozen, keyword-only struct. Declare events as
+    subclasses registered with :func:`event`; copy one with a field changed by
+    :func:`msgspec.structs.replace`.
+
+    ``gc=False``: the cyclic garbage collector does not track events (cheaper to build and
+    free). Events hold plain data (numbers, strings, tuples, string-keyed maps, arrays),
+    which cannot refer back to the event, so they never form a reference cycle.
+    """
+
     TYPE: ClassVar[str]
 
 
@@ -72,33 +94,33 @@ class EventInfo:
     hints: dict[str, Any]
 
 
-@dataclass_transform(frozen_default=True, kw_only_default=True)
 def event(cls: type[E] | None = None, *, name: str | None = None) -> Any:
-    """Turn a class into a frozen, slotted, keyword-only event and register it.
+    """Register an :class:`Event` subclass with the codec under its wire name.
 
     Args:
-        cls: the class to decorate (when used without parentheses).
+        cls: the class to register (when used without parentheses).
         name: the wire name; defaults to the class name. Must be unique.
 
     Returns:
-        The dataclass, registered with the codec.
+        The class itself.
 
     Raises:
+        TypeError: if the class is not a subclass of :class:`Event`.
         ValueError: if another event class already uses ``name``.
     """
 
     def wrap(c: type[E]) -> type[E]:
+        if not (isinstance(c, type) and issubclass(c, Event)) or c is Event:
+            raise TypeError(f"@event needs a subclass of tianji.runtime.events.Event, got {c!r}")
         wire = name or c.__name__
         if wire in _REGISTRY and _REGISTRY[wire].cls.__qualname__ != c.__qualname__:
             raise ValueError(f"event name {wire!r} is already used by {_REGISTRY[wire].cls!r}")
-        dc: Any = dataclasses.dataclass(frozen=True, slots=True, kw_only=True)(c)
-        dc.TYPE = wire
-        hints = typing.get_type_hints(dc)
+        c.TYPE = wire
+        hints = typing.get_type_hints(c)
         hints.pop("TYPE", None)
-        fields = tuple(f.name for f in dataclasses.fields(dc))
-        _REGISTRY[wire] = EventInfo(wire, dc, fields, {f: hints[f] for f in fields})
-        result: type[E] = dc
-        return result
+        fields = tuple(c.__struct_fields__)
+        _REGISTRY[wire] = EventInfo(wire, c, fields, {f: hints[f] for f in fields})
+        return c
 
     if cls is None:
         return wrap
@@ -220,7 +242,7 @@ class Heartbeat(Event):
     gauges: dict[str, float]
     queue_depths: dict[str, int]
     sent_at: float
-    links_down: dict[str, str] = dataclasses.field(default_factory=dict)
+    links_down: dict[str, str] = msgspec.field(default_factory=dict)
     """Publisher address -> why this service cannot connect to it (failing links only)."""
 
 

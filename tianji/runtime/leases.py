@@ -123,9 +123,8 @@ class Handoff:
 
 
 def _names(ev: Event) -> tuple[str, ...]:
-    """The field names of an event (its slots: events are slotted dataclasses)."""
-    names: tuple[str, ...] = type(ev).__slots__
-    return names
+    """The field names of an event (a msgspec struct)."""
+    return ev.__struct_fields__
 
 
 def _holders(ev: Event) -> list[Any]:

@@ -17,11 +17,12 @@ Usage::
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
 import time
 from collections.abc import Mapping
 from typing import Any
+
+import msgspec
 
 from tianji.rl.balance import BalanceConfig, BalancePolicy, Decision, Grant, LagStats, Observation
 from tianji.rl.events import (
@@ -111,7 +112,7 @@ class Balancer:
         )
         if lost:
             counters[Dropped.LOST_IN_RESTART] = counters.get(Dropped.LOST_IN_RESTART, 0) + lost
-        return dataclasses.replace(hb, counters=counters, gauges=gauges)
+        return msgspec.structs.replace(hb, counters=counters, gauges=gauges)
 
     def rejoined(self, retired: str, heartbeats: dict[str, Heartbeat]) -> None:
         """Samples on their way to a service that died will never arrive: count them as
@@ -162,7 +163,7 @@ class Balancer:
         counters = dict(hb.counters)
         counters[received_key] = counters.get(received_key, 0) + lost
         counters[Dropped.LOST_IN_RESTART] = counters.get(Dropped.LOST_IN_RESTART, 0) + lost
-        heartbeats[retired] = dataclasses.replace(hb, counters=counters)
+        heartbeats[retired] = msgspec.structs.replace(hb, counters=counters)
         log.warning("%s died with %d samples on their way to it: lost_in_restart", retired, lost)
 
     def forget(self, name: str) -> None:
