@@ -23,6 +23,7 @@ from tianji.rl.errors import ConfigError
 __all__ = [
     "TORSOS",
     "NatureCNN",
+    "ObsNormalizer",
     "adam",
     "as_hidden",
     "box_obs_problem",
@@ -228,6 +229,68 @@ class NatureCNN(nn.Module):
         """``[B, 512]`` features of a batch of images."""
         out: torch.Tensor = self.fc(self.convs(self._arrange(obs)))
         return out
+
+
+class ObsNormalizer(nn.Module):
+    """Standardizes observations element by element with a running mean and variance
+    (as Sample Factory's ``normalize_input``): ``(x - mean) / std``, clipped to +-5.
+
+    uint8 images are scaled to [0, 1] first (and come out as floats, which
+    :class:`NatureCNN` takes as they are). The statistics are buffers, so they travel with
+    the weights to actors and into checkpoints; only the learner updates them
+    (:meth:`update`, once per batch).
+    """
+
+    clip = 5.0
+
+    def __init__(self, obs_shape: Sequence[int]) -> None:
+        super().__init__()
+        shape = tuple(obs_shape)
+        self.mean: torch.Tensor
+        self.var: torch.Tensor
+        self.count: torch.Tensor
+        self.register_buffer("mean", torch.zeros(shape))
+        self.register_buffer("var", torch.ones(shape))
+        # (shape [1]: weights travel as contiguous arrays, which have at least one dim)
+        self.register_buffer("count", torch.full((1,), 1e-4, dtype=torch.float64))
+
+    @staticmethod
+    def scaled(obs: torch.Tensor) -> torch.Tensor:
+        """Float observations (uint8 images divided by 255)."""
+        return obs.float() / 255.0 if obs.dtype == torch.uint8 else obs.float()
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        x = (self.scaled(obs) - self.mean) * torch.rsqrt(self.var + 1e-8)
+        return x.clamp(-self.clip, self.clip)
+
+    @torch.no_grad()
+    def update(self, obs: torch.Tensor, sync: GradientSync | None = None, chunk: int = 512) -> None:
+        """Merge a batch ``[B, *obs_shape]`` into the statistics (in chunks: bounded memory
+        for pixel batches). With data-parallel learners, ``sync`` averages every learner's
+        batch moments first, so all keep the same statistics."""
+        total = len(obs)
+        if not total:
+            return
+        first = torch.zeros_like(self.mean)
+        second = torch.zeros_like(self.mean)
+        for i in range(0, total, chunk):
+            x = self.scaled(obs[i : i + chunk])
+            first += x.sum(0)
+            second += x.square().sum(0)
+        mean, square = first / total, second / total
+        if sync is not None:
+            both = np.concatenate([mean.cpu().numpy().ravel(), square.cpu().numpy().ravel()])
+            merged = torch.as_tensor(sync(both.astype(np.float32)), device=mean.device)
+            mean, square = (part.view_as(mean) for part in merged.chunk(2))
+        var = (square - mean * mean).clamp_min(0.0)
+        count = float(self.count[0])
+        new = count + total
+        delta = mean - self.mean
+        self.var.copy_(
+            (self.var * count + var * total + delta.square() * (count * total / new)) / new
+        )
+        self.mean.add_(delta * (total / new))
+        self.count.fill_(new)
 
 
 def build_network(

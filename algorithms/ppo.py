@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from tianji.algorithms._nets import (
     NatureCNN,
+    ObsNormalizer,
     adam,
     as_hidden,
     box_obs_problem,
@@ -56,6 +57,7 @@ __all__ = [
     "PPO",
     "ActorCritic",
     "PPOConfig",
+    "ReturnNormalizer",
     "annealed_lr",
     "clipped_surrogate_loss",
     "compact_fragment",
@@ -109,6 +111,18 @@ class PPOConfig:
     """Gradient-norm clip per minibatch step."""
     norm_adv: bool = True
     """Normalize advantages per minibatch."""
+    normalize_obs: bool = False
+    """Standardize observations element by element with running statistics at the
+    network's input (:class:`ObsNormalizer`, as Sample Factory's ``normalize_input``;
+    images after scaling to [0, 1]). The learner updates the statistics once per batch;
+    they travel with the weights. Not with a recurrent ``core``."""
+    normalize_returns: bool = False
+    """Learn the value in units of the returns' spread (as Sample Factory's
+    ``normalize_returns``): the critic predicts ``(G - mean) / std`` under a running mean
+    and variance of every batch's value targets (:class:`ReturnNormalizer`, kept in
+    checkpoints); GAE and V-trace run on de-normalized values. Keeps the value loss near
+    unit scale whatever the rewards' scale: Atari's clipped rewards give returns of a few
+    tenths, whose small value gradients barely shape a torso shared with the policy."""
     target_kl: float | None = None
     """Stop the epochs early once the approximate KL exceeds this (``None``: never)."""
     hidden: Sequence[int] = (64, 64)
@@ -156,6 +170,9 @@ class PPOConfig:
             raise ConfigError("algorithm.core", self.core, f"one of {', '.join(CORES)}")
         if type(self.core_hidden) is not int or self.core_hidden <= 0:
             raise ConfigError("algorithm.core_hidden", self.core_hidden, "a positive integer")
+        if self.normalize_obs and self.core != "none":
+            why = f'false with algorithm.core = "{self.core}" (not supported yet)'
+            raise ConfigError("algorithm.normalize_obs", self.normalize_obs, why)
         if type(self.burn_in) is not int or self.burn_in < 0:
             raise ConfigError("algorithm.burn_in", self.burn_in, "an integer >= 0")
         for key in ("fragments_per_batch", "buffer_capacity", "update_epochs", "num_minibatches"):
@@ -291,6 +308,39 @@ def _flat(x: np.ndarray) -> np.ndarray:
     return arr.reshape(arr.shape[0] * arr.shape[1], *arr.shape[2:])
 
 
+class ReturnNormalizer:
+    """Running mean and variance of value targets, merged batch by batch (Chan et al.'s
+    parallel update), starting from mean 0 and variance 1 with a tiny weight."""
+
+    def __init__(self) -> None:
+        self.mean = 0.0
+        self.var = 1.0
+        self.count = 1e-4
+
+    @property
+    def std(self) -> float:
+        """The spread values are measured in (at least 1e-4: a constant return)."""
+        return max(math.sqrt(self.var), 1e-4)
+
+    def update(self, mean: float, var: float, count: int) -> None:
+        """Merge a batch of ``count`` targets with this ``mean`` and ``var``."""
+        total = self.count + count
+        delta = mean - self.mean
+        m2 = self.var * self.count + var * count + delta * delta * self.count * count / total
+        self.mean += delta * count / total
+        self.var = m2 / total
+        self.count = total
+
+    def state(self) -> dict[str, float]:
+        """Mean, variance and weight, for a checkpoint."""
+        return {"mean": self.mean, "var": self.var, "count": self.count}
+
+    def load(self, state: Mapping[str, float]) -> None:
+        """Continue from :meth:`state`."""
+        self.mean, self.var = float(state["mean"]), float(state["var"])
+        self.count = float(state["count"])
+
+
 # --------------------------------------------------------------------------- network
 
 
@@ -307,6 +357,7 @@ class ActorCritic(nn.Module):
         self.torso: nn.Module | None = None
         torso = resolve_torso("algo.torso", config.torso, observation_space)
         self.image = torso == "nature"
+        self.obs_norm = ObsNormalizer(observation_space.shape) if config.normalize_obs else None
         if self.image:
             self.torso = NatureCNN(observation_space.shape)
             self.actor = mlp(NatureCNN.features, (), out_dim, out_gain=0.01)
@@ -325,14 +376,18 @@ class ActorCritic(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(policy head output [B, A], value [B])`` for flat ``obs [B, D]``."""
-        x = obs if self.torso is None else self.torso(obs)
+        x = self._features(obs)
         return self.actor(x), self.critic(x).squeeze(-1)
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         """``V(obs) [B]``."""
-        x = obs if self.torso is None else self.torso(obs)
-        out: torch.Tensor = self.critic(x).squeeze(-1)
+        out: torch.Tensor = self.critic(self._features(obs)).squeeze(-1)
         return out
+
+    def _features(self, obs: torch.Tensor) -> torch.Tensor:
+        if self.obs_norm is not None:
+            obs = self.obs_norm(obs)
+        return obs if self.torso is None else self.torso(obs)
 
 
 # --------------------------------------------------------------------------- algorithm
@@ -407,6 +462,8 @@ class PPO:
                 net = ActorCritic(observation_space, out_dim, config, continuous=self.continuous)
             self.net = net.to(self.device)
         self._steps = 0  # T of the batch being learned from (recurrent minibatches)
+        self.returns = ReturnNormalizer() if config.normalize_returns else None
+        """The value targets' running statistics (``normalize_returns``), else ``None``."""
         self._optimizer: torch.optim.Optimizer | None = None  # built on first update
         self.gradient_sync: GradientSync | None = None  # set by the learner when K > 1
 
@@ -500,17 +557,22 @@ class PPO:
     def state_dict(self) -> dict[str, Any]:
         """Everything a learner needs to continue (see ``tianji.rl.checkpoint``): actor-critic
         (with the log-std), Adam's moments and learning rate, the update count."""
-        return {
+        state = {
             "net": self.net.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "version": self.version,
         }
+        if self.returns is not None:
+            state["returns"] = self.returns.state()
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from :meth:`state_dict` (same config and spaces)."""
         self.net.load_state_dict(state["net"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
+        if self.returns is not None and "returns" in state:
+            self.returns.load(state["returns"])
 
     def buffer_spec(self) -> BufferSpec:
         """A FIFO of fragments; ``fragments_per_batch`` of them make one learner batch."""
@@ -546,6 +608,8 @@ class PPO:
         self.version += 1
         metrics = {k: v / steps for k, v in totals.items()}
         metrics.update(self._batch_metrics(flat), lr=self.optimizer.param_groups[0]["lr"])
+        if self.returns is not None:
+            metrics.update(return_mean=self.returns.mean, return_std=self.returns.std)
         return UpdateResult(metrics=metrics)
 
     def _minibatches(self, size: int) -> list[np.ndarray]:
@@ -580,6 +644,8 @@ class PPO:
             action = torch.as_tensor(index, device=dev)
         extra: dict[str, torch.Tensor] = {}
         logp: torch.Tensor | None = None
+        if isinstance(self.net, ActorCritic) and self.net.obs_norm is not None:
+            self.net.obs_norm.update(obs, self.gradient_sync)
         with torch.no_grad():
             if isinstance(self.net, RecurrentActorCritic):
                 value, next_value, logp, extra = self._unroll_batch(batch, obs, action)
@@ -588,10 +654,13 @@ class PPO:
                 next_value = self._next_values(
                     batch, value, lambda rows, next_obs: self._values(self._input(next_obs))
                 )
+        # In return units (the critic's output de-normalized, with normalize_returns)
+        scale, shift = (1.0, 0.0) if self.returns is None else (self.returns.std, self.returns.mean)
+        values = value.cpu().numpy().astype(np.float64).reshape(reward.shape) * scale + shift
         ends = (
             reward,
-            value.cpu().numpy().astype(np.float64).reshape(reward.shape),
-            next_value.cpu().numpy().astype(np.float64).reshape(reward.shape),
+            values,
+            next_value.cpu().numpy().astype(np.float64).reshape(reward.shape) * scale + shift,
             batch["terminated"],
             batch["truncated"],
         )
@@ -617,16 +686,32 @@ class PPO:
         # correction to the acting policy, min(rho_bar, pi/mu)).
         learner_ref = c.vtrace and c.vtrace_reference == "learner"
         reference = logp.float() if learner_ref and logp is not None else tensor(batch["logp"])
+        behaviour = np.asarray(batch["value"], np.float64) * scale + shift
+        if self.returns is not None:  # targets, old values: in the updated statistics' units
+            self._observe_returns(ret)
+            shift, scale = self.returns.mean, self.returns.std
+            ret, values, behaviour = ((x - shift) / scale for x in (ret, values, behaviour))
         return {
             "obs": obs,
             "action": action,
             "old_logp": reference.reshape(-1),
-            "behaviour_value": tensor(batch["value"]),
-            "old_value": value,
+            "behaviour_value": tensor(behaviour),
+            "old_value": tensor(values),
             "adv": tensor(adv),
             "ret": tensor(ret),
             **extra,
         }
+
+    def _observe_returns(self, ret: np.ndarray) -> None:
+        """Merge a batch's value targets into :attr:`returns`; with data-parallel learners
+        the mean of every learner's batch moments (one more all-reduce step), so all keep
+        the same statistics."""
+        assert self.returns is not None
+        moments = np.array([ret.mean(), np.square(ret).mean()])
+        if self.gradient_sync is not None:
+            moments = self.gradient_sync(moments.astype(np.float32)).astype(np.float64)
+        mean, square = float(moments[0]), float(moments[1])
+        self.returns.update(mean, max(square - mean * mean, 0.0), ret.size)
 
     def _unroll_batch(
         self, batch: Mapping[str, np.ndarray], obs: torch.Tensor, action: torch.Tensor

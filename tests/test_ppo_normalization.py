@@ -1,0 +1,128 @@
+"""PPO's running normalizations: value targets (``normalize_returns``) and observations
+(``normalize_obs``): statistics that merge batches exactly, keep losses at unit scale, travel
+with the weights to actors and into checkpoints."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from tianji.algorithms._nets import ObsNormalizer
+from tianji.algorithms.ppo import PPO, ReturnNormalizer
+
+from tianji.runtime.errors import ConfigError
+
+
+def test_the_return_normalizer_merges_batches_into_their_mean_and_variance() -> None:
+    rng = np.random.default_rng(1)
+    parts = [rng.normal(5.0, 3.0, size=n) for n in (100, 7, 1000, 1)]
+    norm = ReturnNormalizer()
+    for part in parts:
+        norm.update(float(part.mean()), float(part.var()), part.size)
+    whole = np.concatenate(parts)
+    assert norm.mean == pytest.approx(whole.mean(), rel=1e-4)
+    assert norm.std == pytest.approx(whole.std(), rel=1e-4)
+    copy = ReturnNormalizer()
+    copy.load(norm.state())
+    assert copy.state() == norm.state()
+
+
+def cartpole_batch(algo: PPO, reward: float, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    horizon, width = 32, 4
+    obs = rng.normal(size=(horizon, width, 4)).astype(np.float32)
+    out = algo.act(obs.reshape(-1, 4), explore=True)
+    batch = {k: v.reshape(horizon, width, *v.shape[1:]) for k, v in out.items()}
+    batch.update(
+        obs=obs,
+        next_obs=rng.normal(size=(horizon, width, 4)).astype(np.float32),
+        reward=np.full((horizon, width), reward),
+        terminated=rng.random((horizon, width)) < 0.05,
+        truncated=np.zeros((horizon, width), bool),
+    )
+    return algo.postprocess(batch)
+
+
+def test_normalized_returns_keep_the_value_loss_near_unit_scale_and_survive_a_checkpoint() -> None:
+    env = gym.make("CartPole-v1")
+    losses = {}
+    for normalize in (False, True):
+        config = PPO.Config(normalize_returns=normalize, clip_value_loss=False)
+        algo = PPO(config, env.observation_space, env.action_space, device="cpu")
+        for i in range(3):
+            result = algo.update(cartpole_batch(algo, reward=1000.0, seed=i))
+        losses[normalize] = result.metrics["value_loss"]
+    assert losses[False] > 1e5 and losses[True] < 10, losses
+    assert algo.returns is not None
+    assert algo.returns.std > 100 and result.metrics["return_std"] == algo.returns.std
+    restored = PPO(algo.config, env.observation_space, env.action_space, device="cpu")
+    restored.load_state_dict(algo.state_dict())
+    assert restored.returns is not None and restored.returns.state() == algo.returns.state()
+
+
+def test_the_observation_normalizer_merges_batches_and_scales_images_to_unit_range() -> None:
+    rng = np.random.default_rng(2)
+    parts = [rng.integers(0, 256, size=(n, 2, 3, 3), dtype=np.uint8) for n in (5, 600, 1)]
+    norm = ObsNormalizer((2, 3, 3))
+    for part in parts:
+        norm.update(torch.as_tensor(part), chunk=64)
+    whole = np.concatenate(parts).astype(np.float64) / 255.0
+    np.testing.assert_allclose(norm.mean.numpy(), whole.mean(0), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(norm.var.numpy(), whole.var(0), rtol=1e-3, atol=1e-6)
+    out = norm(torch.as_tensor(parts[1]))
+    assert out.dtype == torch.float32 and float(out.abs().max()) <= ObsNormalizer.clip
+    assert abs(float(out.mean())) < 0.05 and abs(float(out.std()) - 1.0) < 0.05
+
+
+def test_data_parallel_learners_merge_the_mean_of_their_batch_moments() -> None:
+    a, b = (torch.randn(64, 3) + shift for shift in (0.0, 4.0))
+    seen: list[np.ndarray] = []
+
+    def sync(x: np.ndarray) -> np.ndarray:  # the all-reduce mean of two learners' moments
+        seen.append(x)
+        other = np.concatenate([b.mean(0).numpy(), b.square().mean(0).numpy()])
+        return (x + other.astype(np.float32)) / 2
+
+    norm = ObsNormalizer((3,))
+    norm.update(a, sync)
+    both = torch.cat([a, b]).double()
+    assert len(seen) == 1
+    np.testing.assert_allclose(norm.mean.numpy(), both.mean(0).numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(norm.var.numpy(), both.var(0, unbiased=False).numpy(), rtol=1e-3)
+
+
+def test_observation_statistics_travel_with_the_weights_to_an_actor() -> None:
+    space = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    actions = gym.spaces.Discrete(6)
+    config = PPO.Config(normalize_obs=True, update_epochs=1)
+    learner = PPO(config, space, actions, device="cpu")
+    actor = PPO(config, space, actions, device="cpu", seed=1)
+    rng = np.random.default_rng(0)
+    horizon, width = 8, 2
+    obs = rng.integers(0, 256, (horizon, width, 4, 84, 84), dtype=np.uint8)
+    out = learner.act(obs.reshape(-1, 4, 84, 84), explore=True)
+    batch = {k: v.reshape(horizon, width, *v.shape[1:]) for k, v in out.items()}
+    batch.update(
+        obs=obs,
+        next_obs=obs,
+        reward=np.zeros((horizon, width)),
+        terminated=np.zeros((horizon, width), bool),
+        truncated=np.zeros((horizon, width), bool),
+    )
+    learner.update(learner.postprocess(batch))
+    assert learner.net.obs_norm is not None and float(learner.net.obs_norm.count[0]) > 1
+    actor.set_weights(learner.get_weights(), learner.version)
+    probe = obs[0]
+    np.testing.assert_array_equal(
+        actor.act(probe, explore=False)["value"], learner.act(probe, explore=False)["value"]
+    )
+    restored = PPO(config, space, actions, device="cpu", seed=2)
+    restored.load_state_dict(learner.state_dict())
+    assert restored.net.obs_norm is not None
+    assert torch.equal(restored.net.obs_norm.mean, learner.net.obs_norm.mean)
+
+
+def test_observation_normalization_with_a_recurrent_core_is_refused_by_name() -> None:
+    with pytest.raises(ConfigError, match="normalize_obs"):
+        PPO.Config(normalize_obs=True, core="gru")
