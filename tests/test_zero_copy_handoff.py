@@ -56,12 +56,9 @@ async def deliver(server: Any, handoff: Handoff, handler: Any) -> None:
     codec = Codec()
     (lease,) = await server.recv_lease_batch(1)
     ev = codec.decode(lease.frames)
-    marks = handoff.before(ev)
-    try:
+    with handoff.settled(lease, ev):
         handler(ev)
-    finally:
-        handoff.after(lease, ev, marks)
-        del ev, marks
+    del ev
 
 
 async def send(client: Any, ev: Event) -> None:

@@ -132,12 +132,9 @@ async def receive_events(conn: Connection, payload_bytes: int, warmup_s: float) 
             if leased:  # shm, large: the event's arrays view the ring while checked
                 for lease in await conn.recv_lease_batch(RECV_BATCH):  # type: ignore[attr-defined]
                     ev = decode(lease.frames)
-                    marks = handoff.before(ev)
-                    try:
+                    with handoff.settled(lease, ev):
                         check(ev)
-                    finally:
-                        handoff.after(lease, ev, marks)
-                        del ev, marks
+                    del ev
             else:
                 for frames in await recv_batch(conn, RECV_BATCH):
                     check(decode(frames))

@@ -25,7 +25,9 @@ overwritten. Reference counts are exact in CPython, which this relies on.
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 import numpy as np
@@ -54,10 +56,13 @@ class Handoff:
     Usage::
 
         handoff = Handoff()
-        marks = handoff.before(ev)       # right after decoding, before any handler
-        ...                              # handlers run (they may raise)
-        handoff.after(lease, ev, marks)  # always, e.g. in ``finally``
+        ev = codec.decode(lease.frames)  # the arrays view the ring
+        with handoff.settled(lease, ev): # the lease is settled when the block ends
+            ...                          # handlers run (they may raise)
+        del ev                           # (the caller's reference, before the next one)
         handoff.poll()                   # now and then while ``held_now``: frees the holds
+
+    :meth:`settled` is :meth:`before` and :meth:`after` around the block.
     """
 
     def __init__(self) -> None:
@@ -69,6 +74,18 @@ class Handoff:
     def held_now(self) -> int:
         """Leases held now for arrays a handler kept."""
         return len(self._held)
+
+    @contextlib.contextmanager
+    def settled(self, lease: Lease, ev: Event) -> Iterator[None]:
+        """Settle ``lease`` when the block ends, also when it raises: released, its kept
+        arrays copied, or held (see the module docstring). References to ``ev`` that the
+        block's caller holds count as not kept, as long as they live until the block ends."""
+        marks = self.before(ev)
+        try:
+            yield
+        finally:
+            self.after(lease, ev, marks)
+            del marks
 
     def before(self, ev: Event) -> Marks | None:
         """Reference counts of the event, of every array and container in it and of the

@@ -214,12 +214,9 @@ class Subscriptions:
                 except BaseException:
                     lease.release()
                     raise
-                marks = handoff.before(ev)
-                try:
+                with handoff.settled(lease, ev):
                     await self._dispatch(name, ev, conn)
-                finally:
-                    handoff.after(lease, ev, marks)
-                    del ev, marks
+                del ev
                 if handoff.held_now and (poller is None or poller.done()):
                     # frees the held leases even when no further message comes
                     poller = self._spawn(_poll_holds(handoff))
