@@ -213,8 +213,8 @@ def test_the_pong_example_trains_checkpoints_and_eval_records_a_video(tmp_path: 
     pytest.importorskip("imageio_ffmpeg", reason="the video extra writes .mp4 through ffmpeg")
     example = Path(__file__).parents[1] / "examples" / "pong_ppo.toml"
     cmd = [sys.executable, "-m", "tianji", "train", str(example), "--no-dashboard"]
-    # relaxed on-policy: actors run at most ~2 batches ahead of the learner, so 6 batches of
-    # env steps cannot pass without learner updates (checkpointed after every one)
+    # sync on-policy: every batch of env steps waits for the learner's update, so 6 batches
+    # cannot pass without learner updates (checkpointed after every one)
     cmd += ["--set", f'run_dir="{tmp_path}"', "--set", "stop.max_env_steps=6144"]
     cmd += ["--set", "checkpoint.every_updates=1", "--summary", str(tmp_path / "summary.json")]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -246,7 +247,15 @@ def test_dqn_on_three_hosts_reaches_300_through_kills_and_a_cut_and_a_run_with_n
     # it, host b's actor is back (its links survived the outage or were made again).
     assert during, "no metrics row fell inside the outage"
     assert len({steps(r) for r in during}) == 1, [steps(r) for r in during]
-    assert steps(during[-1], "actor-1") > steps(before[-1], "actor-1")
+
+    # (host c's actor may be held by the controller meanwhile, e.g. while the learner
+    # catches up with the replay ratio: then it reports the time it spent paused)
+    def paused_s(row: dict[str, Any]) -> float:
+        return float(row["controller"]["pause_s"].get("actor-1", 0.0))
+
+    advanced = steps(during[-1], "actor-1") > steps(before[-1], "actor-1")
+    held = paused_s(during[-1]) > paused_s(before[-1])
+    assert advanced or held, [(steps(r, "actor-1"), paused_s(r)) for r in before[-3:] + during]
     assert steps(after[-1]) > steps(during[-1])
     assert summary["env_steps_by_actor"]["actor-0"] > steps(during[-1])  # type: ignore[index]
     by_actor = summary["env_steps_by_actor"]

@@ -47,7 +47,9 @@ WORKERS, ENVS_PER_WORKER = 2, 4
 
 ALGO: dict[str, dict[str, Any]] = {
     "cartpole": CONFIGS["ppo"]["algo"],  # examples/cartpole_ppo.toml
-    "pong": {  # examples/pong_ppo.toml
+    # CleanRL's Atari PPO with 2 epochs, as measured in docs/benchmarks.md ("Pixels");
+    # examples/pong_ppo.toml learns with 4 epochs and running normalizations (sync mode)
+    "pong": {
         "fragments_per_batch": 2,
         "lr": 2.5e-4,
         "clip_coef": 0.1,
