@@ -20,13 +20,12 @@ ROOT = Path(__file__).resolve().parents[1]
 SPREAD = EnvConfig(id="mpe2.simple_spread_v3", api="pettingzoo", kwargs={"N": 3, "max_cycles": 25})
 
 MARGIN = 8.0
-"""Mean team return (last 100 episodes) above the random policy's mean that the runs below
-must reach within 60 s (the rollout path over TCP, the replay path over shared memory); a
-run stops as soon as it does. The random policy scores -79.6 (std 23.4 per episode, s.e.
-0.74 over 1,000 episodes); in `python benchmarks/multiagent.py`'s runs the examples stood
-~16 above random at 52,000 (MAPPO) and 18,600 (QMIX) env steps, which they pass within ~40 s
-of launch: about twice this margin (docs/benchmarks.md, "Multi-agent")."""
-SECONDS = 60
+"""Mean team return (last 100 episodes) above the random policy's mean after the 40-s runs
+below (the rollout path over TCP, the replay path over shared memory). The random policy
+scores -79.6 (std 23.4 per episode, s.e. 0.74 over 1,000 episodes); in `python
+benchmarks/multiagent.py`'s runs the examples stood ~16 above random at 52,000 (MAPPO) and
+18,600 (QMIX) env steps, which they pass within ~40 s of launch: about twice this margin
+(docs/benchmarks.md, "Multi-agent")."""
 
 
 @pytest.fixture(scope="module")
@@ -54,18 +53,14 @@ def train(tmp_path: Path, example: str, *args: str) -> tuple[dict, list[dict]]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("example", "transport"),
-    [("spread_mappo", "tcp"), ("spread_qmix", "shm")],
+    ("example", "transport", "seconds"),
+    [("spread_mappo", "tcp", 40), ("spread_qmix", "shm", 40)],
     ids=["mappo-tcp", "qmix-shm"],
 )
 def test_a_multi_agent_example_ends_clearly_above_the_random_policy(
-    tmp_path: Path, random_return: float, example: str, transport: str
+    tmp_path: Path, random_return: float, example: str, transport: str, seconds: int
 ) -> None:
-    target = f"{random_return + MARGIN + 0.001:.3f}"  # (rounded up, not below the margin)
-    s, rows = train(
-        tmp_path, example, "--transport", transport, "--max-seconds", str(SECONDS),
-        "--target-return", target, "--set", "stop.window=100",
-    )  # fmt: skip
+    s, rows = train(tmp_path, example, "--transport", transport, "--max-seconds", str(seconds))
     assert s["actors"] >= 2 and s["transport"] == transport
     print(f"{example} over {transport}: {s['final_return']:.1f} vs random {random_return:.1f}")
     assert s["final_return"] >= random_return + MARGIN, (s["final_return"], random_return)

@@ -40,22 +40,24 @@ __all__ = ["ENVS", "Cell", "plan_cells", "run_config", "steady_rate"]
 
 ENVS: dict[str, dict[str, Any]] = {
     "cartpole": {"id": "CartPole-v1"},
-    "pong": {"id": "ALE/Pong-v5", "preset": "atari"},
+    # examples/pong_ppo.toml: deterministic, as Sample Factory's PongNoFrameskip-v4
+    "pong": {"id": "ALE/Pong-v5", "preset": "atari", "preset_options": {"sticky_actions": 0.0}},
 }
 FRAME_SKIP = {"cartpole": 1, "pong": 4}
 WORKERS, ENVS_PER_WORKER = 2, 4
 
 ALGO: dict[str, dict[str, Any]] = {
     "cartpole": CONFIGS["ppo"]["algo"],  # examples/cartpole_ppo.toml
-    # CleanRL's Atari PPO with 2 epochs, as measured in docs/benchmarks.md ("Pixels");
-    # examples/pong_ppo.toml learns with 4 epochs and running normalizations (sync mode)
-    "pong": {
+    "pong": {  # examples/pong_ppo.toml (Sample Factory's Atari schedule and normalizations)
         "fragments_per_batch": 2,
         "lr": 2.5e-4,
         "clip_coef": 0.1,
         "ent_coef": 0.01,
-        "update_epochs": 2,
+        "update_epochs": 4,
         "num_minibatches": 4,
+        "normalize_obs": True,
+        "normalize_returns": True,
+        "clip_value_loss": False,
     },
 }
 FRAGMENT = {"cartpole": 64, "pong": 128}
