@@ -271,18 +271,21 @@ class ObsNormalizer(nn.Module):
         total = len(obs)
         if not total:
             return
-        first = torch.zeros_like(self.mean)
-        second = torch.zeros_like(self.mean)
+        # (sums in float64: E[x^2] - E[x]^2 cancels badly in float32 when |mean| >> std)
+        first = torch.zeros_like(self.mean, dtype=torch.float64)
+        second = torch.zeros_like(first)
         for i in range(0, total, chunk):
-            x = self.scaled(obs[i : i + chunk])
+            x = self.scaled(obs[i : i + chunk]).double()
             first += x.sum(0)
             second += x.square().sum(0)
         mean, square = first / total, second / total
         if sync is not None:
             both = np.concatenate([mean.cpu().numpy().ravel(), square.cpu().numpy().ravel()])
-            merged = torch.as_tensor(sync(both.astype(np.float32)), device=mean.device)
+            reduced = sync(both.astype(np.float32))  # (the all-reduce moves float32)
+            merged = torch.as_tensor(reduced, device=mean.device, dtype=torch.float64)
             mean, square = (part.view_as(mean) for part in merged.chunk(2))
-        var = (square - mean * mean).clamp_min(0.0)
+        var = (square - mean * mean).clamp_min(0.0).float()
+        mean = mean.float()
         count = float(self.count[0])
         new = count + total
         delta = mean - self.mean
