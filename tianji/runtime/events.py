@@ -1,10 +1,10 @@
 """Typed events: the only thing services exchange.
 
 Events are frozen, keyword-only :class:`msgspec.Struct` classes (subclasses of :class:`Event`)
-registered with :func:`event`: built in C, ten times faster than frozen dataclasses, and
-decoded by the codec straight from msgpack. Facts are
-named in the past tense (``TrajectoryCollected``), commands in the imperative
-(:class:`Shutdown`). Every data-bearing event has a ``policy_version`` field: the version of
+registered with :func:`event`: built in C (a heartbeat in 0.35 µs here, 1.27 µs as a frozen
+dataclass) and decoded by the codec straight from msgpack. Facts are named in the past
+tense (``TrajectoryCollected``), commands in the imperative (:class:`Shutdown`). Every
+data-bearing event has a ``policy_version`` field: the version of
 the policy that produced the data, so staleness can be measured where data is consumed.
 
 Field types the codec understands: ``None``, ``bool``, ``int``, ``float``, ``str``,
