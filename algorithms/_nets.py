@@ -11,7 +11,7 @@ import itertools
 import math
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -32,6 +32,7 @@ __all__ = [
     "gradient_step",
     "is_image_space",
     "load_numpy_weights",
+    "merge_moments",
     "mlp",
     "numpy_weights",
     "obs_tensor",
@@ -231,6 +232,22 @@ class NatureCNN(nn.Module):
         return out
 
 
+M = TypeVar("M", float, torch.Tensor)
+
+
+def merge_moments(
+    mean: M, var: M, count: float, batch_mean: M, batch_var: M, batch_count: float
+) -> tuple[M, M, float]:
+    """Running ``(mean, var, count)`` merged with a batch's (Chan et al.'s parallel update);
+    elementwise for tensors."""
+    total = count + batch_count
+    delta = batch_mean - mean
+    merged_var = (
+        var * count + batch_var * batch_count + delta * delta * (count * batch_count / total)
+    ) / total
+    return mean + delta * (batch_count / total), merged_var, total
+
+
 class ObsNormalizer(nn.Module):
     """Standardizes observations element by element with a running mean and variance
     (as Sample Factory's ``normalize_input``): ``(x - mean) / std``, clipped to +-5.
@@ -285,15 +302,12 @@ class ObsNormalizer(nn.Module):
             merged = torch.as_tensor(reduced, device=mean.device, dtype=torch.float64)
             mean, square = (part.view_as(mean) for part in merged.chunk(2))
         var = (square - mean * mean).clamp_min(0.0).float()
-        mean = mean.float()
-        count = float(self.count[0])
-        new = count + total
-        delta = mean - self.mean
-        self.var.copy_(
-            (self.var * count + var * total + delta.square() * (count * total / new)) / new
+        new_mean, new_var, new_count = merge_moments(
+            self.mean, self.var, float(self.count[0]), mean.float(), var, total
         )
-        self.mean.add_(delta * (total / new))
-        self.count.fill_(new)
+        self.mean.copy_(new_mean)
+        self.var.copy_(new_var)
+        self.count.fill_(new_count)
 
 
 def build_network(

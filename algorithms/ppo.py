@@ -38,6 +38,7 @@ from tianji.algorithms._nets import (
     flat_dim,
     gradient_step,
     load_numpy_weights,
+    merge_moments,
     mlp,
     numpy_weights,
     obs_tensor,
@@ -324,12 +325,9 @@ class ReturnNormalizer:
 
     def update(self, mean: float, var: float, count: int) -> None:
         """Merge a batch of ``count`` targets with this ``mean`` and ``var``."""
-        total = self.count + count
-        delta = mean - self.mean
-        m2 = self.var * self.count + var * count + delta * delta * self.count * count / total
-        self.mean += delta * count / total
-        self.var = m2 / total
-        self.count = total
+        self.mean, self.var, self.count = merge_moments(
+            self.mean, self.var, self.count, mean, var, count
+        )
 
     def state(self) -> dict[str, float]:
         """Mean, variance and weight, for a checkpoint."""

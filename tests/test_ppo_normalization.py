@@ -28,20 +28,29 @@ def test_the_return_normalizer_merges_batches_into_their_mean_and_variance() -> 
     assert copy.state() == norm.state()
 
 
+def acted_batch(
+    algo: PPO, obs: np.ndarray, next_obs: np.ndarray, reward: float, terminated: np.ndarray
+) -> dict[str, np.ndarray]:
+    """A learner batch ``[T, N, ...]`` of ``obs`` with the actions ``algo`` takes on them."""
+    horizon, width = obs.shape[:2]
+    out = algo.act(obs.reshape(-1, *obs.shape[2:]), explore=True)
+    batch = {k: v.reshape(horizon, width, *v.shape[1:]) for k, v in out.items()}
+    batch.update(
+        obs=obs,
+        next_obs=next_obs,
+        reward=np.full((horizon, width), reward),
+        terminated=terminated,
+        truncated=np.zeros((horizon, width), bool),
+    )
+    return algo.postprocess(batch)
+
+
 def cartpole_batch(algo: PPO, reward: float, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     horizon, width = 32, 4
     obs = rng.normal(size=(horizon, width, 4)).astype(np.float32)
-    out = algo.act(obs.reshape(-1, 4), explore=True)
-    batch = {k: v.reshape(horizon, width, *v.shape[1:]) for k, v in out.items()}
-    batch.update(
-        obs=obs,
-        next_obs=rng.normal(size=(horizon, width, 4)).astype(np.float32),
-        reward=np.full((horizon, width), reward),
-        terminated=rng.random((horizon, width)) < 0.05,
-        truncated=np.zeros((horizon, width), bool),
-    )
-    return algo.postprocess(batch)
+    next_obs = rng.normal(size=(horizon, width, 4)).astype(np.float32)
+    return acted_batch(algo, obs, next_obs, reward, rng.random((horizon, width)) < 0.05)
 
 
 def test_normalized_returns_keep_the_value_loss_near_unit_scale_and_survive_a_checkpoint() -> None:
@@ -101,16 +110,7 @@ def test_observation_statistics_travel_with_the_weights_to_an_actor() -> None:
     rng = np.random.default_rng(0)
     horizon, width = 8, 2
     obs = rng.integers(0, 256, (horizon, width, 4, 84, 84), dtype=np.uint8)
-    out = learner.act(obs.reshape(-1, 4, 84, 84), explore=True)
-    batch = {k: v.reshape(horizon, width, *v.shape[1:]) for k, v in out.items()}
-    batch.update(
-        obs=obs,
-        next_obs=obs,
-        reward=np.zeros((horizon, width)),
-        terminated=np.zeros((horizon, width), bool),
-        truncated=np.zeros((horizon, width), bool),
-    )
-    learner.update(learner.postprocess(batch))
+    learner.update(acted_batch(learner, obs, obs, 0.0, np.zeros((horizon, width), bool)))
     assert learner.net.obs_norm is not None and float(learner.net.obs_norm.count[0]) > 1
     actor.set_weights(learner.get_weights(), learner.version)
     probe = obs[0]
