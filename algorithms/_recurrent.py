@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from tianji.algorithms._nets import NatureCNN, flat_dim, mlp
+from tianji.algorithms._nets import NatureCNN, ObsNormalizer, flat_dim, mlp
 from torch import nn
 
 __all__ = ["CORES", "RecurrentActorCritic", "episode_starts"]
@@ -49,6 +49,8 @@ class RecurrentActorCritic(nn.Module):
         image: whether the torso is the CNN.
         continuous: a learned log standard deviation for a Gaussian policy.
         init_log_std: its initial value.
+        normalize_obs: standardize observations before the torso (:class:`ObsNormalizer`,
+            ``obs_norm``; its statistics are the learner's to update).
     """
 
     def __init__(
@@ -61,10 +63,13 @@ class RecurrentActorCritic(nn.Module):
         image: bool,
         continuous: bool,
         init_log_std: float = 0.0,
+        normalize_obs: bool = False,
     ) -> None:
         super().__init__()
         self.image = image
         self.state_size = core_hidden
+        shape = tuple(observation_space.shape) if image else (flat_dim(observation_space.shape),)
+        self.obs_norm = ObsNormalizer(shape) if normalize_obs else None
         if image:
             self.torso: nn.Module = NatureCNN(observation_space.shape)
             features = NatureCNN.features
@@ -83,8 +88,15 @@ class RecurrentActorCritic(nn.Module):
         self, obs: torch.Tensor, state: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One step for a batch: ``(head [B, A], value [B], next state [B, H])``."""
-        h = self.core(self.torso(obs), state)
+        h = self.core(self.features(obs), state)
         return self.actor(h), self.critic(h).squeeze(-1), h
+
+    def features(self, obs: torch.Tensor) -> torch.Tensor:
+        """The torso's output for ``obs [B, ...]`` (normalized first with ``obs_norm``)."""
+        if self.obs_norm is not None:
+            obs = self.obs_norm(obs)
+        out: torch.Tensor = self.torso(obs)
+        return out
 
     def unroll(
         self, obs: torch.Tensor, state: torch.Tensor, starts: torch.Tensor, chunk: int = 2048
@@ -97,7 +109,9 @@ class RecurrentActorCritic(nn.Module):
         """
         steps, width = obs.shape[:2]
         flat = obs.reshape(steps * width, *obs.shape[2:])
-        features = torch.cat([self.torso(flat[i : i + chunk]) for i in range(0, len(flat), chunk)])
+        features = torch.cat(
+            [self.features(flat[i : i + chunk]) for i in range(0, len(flat), chunk)]
+        )
         features = features.view(steps, width, -1)
         starts = starts.to(features.device)
         h, after = state, []

@@ -116,7 +116,7 @@ class PPOConfig:
     """Standardize observations element by element with running statistics at the
     network's input (:class:`ObsNormalizer`, as Sample Factory's ``normalize_input``;
     images after scaling to [0, 1]). The learner updates the statistics once per batch;
-    they travel with the weights. Not with a recurrent ``core``."""
+    they travel with the weights. With a recurrent ``core`` they apply before its torso."""
     normalize_returns: bool = False
     """Learn the value in units of the returns' spread (as Sample Factory's
     ``normalize_returns``): the critic predicts ``(G - mean) / std`` under a running mean
@@ -171,9 +171,6 @@ class PPOConfig:
             raise ConfigError("algorithm.core", self.core, f"one of {', '.join(CORES)}")
         if type(self.core_hidden) is not int or self.core_hidden <= 0:
             raise ConfigError("algorithm.core_hidden", self.core_hidden, "a positive integer")
-        if self.normalize_obs and self.core != "none":
-            why = f'false with algorithm.core = "{self.core}" (not supported yet)'
-            raise ConfigError("algorithm.normalize_obs", self.normalize_obs, why)
         if type(self.burn_in) is not int or self.burn_in < 0:
             raise ConfigError("algorithm.burn_in", self.burn_in, "an integer >= 0")
         for key in ("fragments_per_batch", "buffer_capacity", "update_epochs", "num_minibatches"):
@@ -355,7 +352,9 @@ class ActorCritic(nn.Module):
         self.torso: nn.Module | None = None
         torso = resolve_torso("algo.torso", config.torso, observation_space)
         self.image = torso == "nature"
-        self.obs_norm = ObsNormalizer(observation_space.shape) if config.normalize_obs else None
+        # (the network's input: the image as it is, anything else flattened)
+        shape = tuple(observation_space.shape) if self.image else (in_dim,)
+        self.obs_norm = ObsNormalizer(shape) if config.normalize_obs else None
         if self.image:
             self.torso = NatureCNN(observation_space.shape)
             self.actor = mlp(NatureCNN.features, (), out_dim, out_gain=0.01)
@@ -455,6 +454,7 @@ class PPO:
                     observation_space, out_dim, hidden=config.hidden,
                     core_hidden=config.core_hidden, image=torso == "nature",
                     continuous=self.continuous, init_log_std=config.init_log_std,
+                    normalize_obs=config.normalize_obs,
                 )  # fmt: skip
             else:
                 net = ActorCritic(observation_space, out_dim, config, continuous=self.continuous)
@@ -642,7 +642,7 @@ class PPO:
             action = torch.as_tensor(index, device=dev)
         extra: dict[str, torch.Tensor] = {}
         logp: torch.Tensor | None = None
-        if isinstance(self.net, ActorCritic) and self.net.obs_norm is not None:
+        if self.net.obs_norm is not None:
             self.net.obs_norm.update(obs, self.gradient_sync)
         with torch.no_grad():
             if isinstance(self.net, RecurrentActorCritic):

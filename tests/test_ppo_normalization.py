@@ -11,8 +11,6 @@ import torch
 from tianji.algorithms._nets import ObsNormalizer
 from tianji.algorithms.ppo import PPO, ReturnNormalizer
 
-from tianji.runtime.errors import ConfigError
-
 
 def test_the_return_normalizer_merges_batches_into_their_mean_and_variance() -> None:
     rng = np.random.default_rng(1)
@@ -123,6 +121,32 @@ def test_observation_statistics_travel_with_the_weights_to_an_actor() -> None:
     assert torch.equal(restored.net.obs_norm.mean, learner.net.obs_norm.mean)
 
 
-def test_observation_normalization_with_a_recurrent_core_is_refused_by_name() -> None:
-    with pytest.raises(ConfigError, match="normalize_obs"):
-        PPO.Config(normalize_obs=True, core="gru")
+@pytest.mark.parametrize("core", ["none", "gru"])
+def test_observations_far_from_zero_reach_the_torso_standardized_with_or_without_a_core(
+    core: str,
+) -> None:
+    """Non-image observations of any shape ([2, 3] here) are standardized element by
+    element as the network sees them (flattened); with a GRU core before its torso. An
+    actor given the learner's weights answers exactly as the learner does."""
+    space = gym.spaces.Box(-np.inf, np.inf, (2, 3), np.float32)
+    actions = gym.spaces.Discrete(2)
+    config = PPO.Config(normalize_obs=True, update_epochs=1, core=core)
+    learner = PPO(config, space, actions, device="cpu")
+    actor = PPO(config, space, actions, device="cpu", seed=1)
+    rng = np.random.default_rng(0)
+    horizon, width = 16, 4
+    centre = np.arange(6, dtype=np.float32).reshape(2, 3) * 100.0
+    obs = (centre + rng.normal(0.0, 5.0, (horizon, width, 2, 3))).astype(np.float32)
+    learner.update(acted_batch(learner, obs, obs, 1.0, np.zeros((horizon, width), bool)))
+    norm = learner.net.obs_norm
+    assert norm is not None and norm.mean.shape == (6,)
+    np.testing.assert_allclose(norm.mean.numpy(), centre.ravel(), atol=3.0)
+    np.testing.assert_allclose(norm.var.numpy(), 25.0, rtol=0.5)
+    seen = norm(torch.as_tensor(obs.reshape(-1, 6)))
+    assert float(seen.mean().abs()) < 0.2 and abs(float(seen.std()) - 1.0) < 0.2
+    actor.set_weights(learner.get_weights(), learner.version)
+    probe = obs[0]
+    value = learner.act(probe, explore=False)["value"]
+    np.testing.assert_array_equal(actor.act(probe, explore=False)["value"], value)
+    norm.mean.zero_()  # the statistics are on the network's path: without them it answers else
+    assert not np.allclose(learner.act(probe, explore=False)["value"], value)
