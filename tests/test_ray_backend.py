@@ -137,8 +137,11 @@ def _kill_once_it_runs(out: _Output, names: list[str], back: dict[str, float]) -
     while time.monotonic() < deadline and len(back) < len(names):
         try:
             status = _status(url)
-        except urllib.error.URLError:  # the run ended (the test then says what is missing)
-            return
+        except urllib.error.URLError as error:
+            if isinstance(error.reason, ConnectionRefusedError):
+                return  # the run ended (the test then says what is missing)
+            time.sleep(0.3)  # a busy machine's slow answer: ask again
+            continue
         rows = {s["name"]: s for s in status["services"]}
         for name in names:
             row = rows.get(name, {})
