@@ -271,6 +271,13 @@ class ObsNormalizer(nn.Module):
         # (shape [1]: weights travel as contiguous arrays, which have at least one dim)
         self.register_buffer("count", torch.full((1,), 1e-4, dtype=torch.float64))
 
+    @classmethod
+    def at_input(cls, observation_space: Any, *, image: bool) -> ObsNormalizer:
+        """Statistics of the input the network sees (:func:`obs_tensor`): an image as it
+        is, anything else flattened."""
+        shape = observation_space.shape
+        return cls(tuple(shape) if image else (flat_dim(shape),))
+
     @staticmethod
     def scaled(obs: torch.Tensor) -> torch.Tensor:
         """Float observations (uint8 images divided by 255)."""

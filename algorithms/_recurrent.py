@@ -68,8 +68,9 @@ class RecurrentActorCritic(nn.Module):
         super().__init__()
         self.image = image
         self.state_size = core_hidden
-        shape = tuple(observation_space.shape) if image else (flat_dim(observation_space.shape),)
-        self.obs_norm = ObsNormalizer(shape) if normalize_obs else None
+        self.obs_norm = (
+            ObsNormalizer.at_input(observation_space, image=image) if normalize_obs else None
+        )
         if image:
             self.torso: nn.Module = NatureCNN(observation_space.shape)
             features = NatureCNN.features

@@ -352,9 +352,11 @@ class ActorCritic(nn.Module):
         self.torso: nn.Module | None = None
         torso = resolve_torso("algo.torso", config.torso, observation_space)
         self.image = torso == "nature"
-        # (the network's input: the image as it is, anything else flattened)
-        shape = tuple(observation_space.shape) if self.image else (in_dim,)
-        self.obs_norm = ObsNormalizer(shape) if config.normalize_obs else None
+        self.obs_norm = (
+            ObsNormalizer.at_input(observation_space, image=self.image)
+            if config.normalize_obs
+            else None
+        )
         if self.image:
             self.torso = NatureCNN(observation_space.shape)
             self.actor = mlp(NatureCNN.features, (), out_dim, out_gain=0.01)
