@@ -26,6 +26,7 @@ __all__ = [
     "ObsNormalizer",
     "adam",
     "as_hidden",
+    "averaged_moments",
     "box_obs_problem",
     "build_network",
     "flat_dim",
@@ -248,6 +249,17 @@ def merge_moments(
     return mean + delta * (batch_count / total), merged_var, total
 
 
+def averaged_moments(
+    sync: GradientSync, mean: np.ndarray, square: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """A batch's moments ``E[x]`` and ``E[x^2]`` averaged over the data-parallel learners
+    (one all-reduce, which moves float32), so every learner merges the same statistics.
+    Returned as float64, in the shapes given."""
+    both = np.concatenate([np.ravel(mean), np.ravel(square)]).astype(np.float32)
+    first, second = np.split(sync(both).astype(np.float64), 2)
+    return first.reshape(np.shape(mean)), second.reshape(np.shape(square))
+
+
 class ObsNormalizer(nn.Module):
     """Standardizes observations element by element with a running mean and variance
     (as Sample Factory's ``normalize_input``): ``(x - mean) / std``, clipped to +-5.
@@ -304,10 +316,8 @@ class ObsNormalizer(nn.Module):
             second += x.square().sum(0)
         mean, square = first / total, second / total
         if sync is not None:
-            both = np.concatenate([mean.cpu().numpy().ravel(), square.cpu().numpy().ravel()])
-            reduced = sync(both.astype(np.float32))  # (the all-reduce moves float32)
-            merged = torch.as_tensor(reduced, device=mean.device, dtype=torch.float64)
-            mean, square = (part.view_as(mean) for part in merged.chunk(2))
+            pair = averaged_moments(sync, mean.cpu().numpy(), square.cpu().numpy())
+            mean, square = (torch.as_tensor(part, device=mean.device) for part in pair)
         var = (square - mean * mean).clamp_min(0.0).float()
         new_mean, new_var, new_count = merge_moments(
             self.mean, self.var, float(self.count[0]), mean.float(), var, total

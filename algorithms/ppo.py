@@ -34,6 +34,7 @@ from tianji.algorithms._nets import (
     ObsNormalizer,
     adam,
     as_hidden,
+    averaged_moments,
     box_obs_problem,
     flat_dim,
     gradient_step,
@@ -707,10 +708,10 @@ class PPO:
         the mean of every learner's batch moments (one more all-reduce step), so all keep
         the same statistics."""
         assert self.returns is not None
-        moments = np.array([ret.mean(), np.square(ret).mean()])
+        first, second = np.asarray(ret.mean()), np.asarray(np.square(ret).mean())
         if self.gradient_sync is not None:
-            moments = self.gradient_sync(moments.astype(np.float32)).astype(np.float64)
-        mean, square = float(moments[0]), float(moments[1])
+            first, second = averaged_moments(self.gradient_sync, first, second)
+        mean, square = float(first), float(second)
         self.returns.update(mean, max(square - mean * mean, 0.0), ret.size)
 
     def _unroll_batch(

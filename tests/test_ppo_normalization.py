@@ -99,6 +99,32 @@ def test_data_parallel_learners_merge_the_mean_of_their_batch_moments() -> None:
     np.testing.assert_allclose(norm.var.numpy(), both.var(0, unbiased=False).numpy(), rtol=1e-3)
 
 
+def test_data_parallel_learners_merge_the_mean_of_their_value_target_moments() -> None:
+    """With K learners, the value targets' E[G] and E[G^2] go through the all-reduce (as
+    float32, two numbers) and every learner merges the averaged moments."""
+    other = np.array([10.0, 104.0], np.float32)  # the other learner: mean 10, variance 4
+    seen: list[np.ndarray] = []
+
+    def sync(x: np.ndarray) -> np.ndarray:  # moments: the mean with the other's; else as is
+        if x.size != 2:
+            return x
+        seen.append(x.copy())
+        return (x + other) / 2
+
+    env = gym.make("CartPole-v1")
+    algo = PPO(
+        PPO.Config(normalize_returns=True, update_epochs=1),
+        env.observation_space, env.action_space, device="cpu",
+    )  # fmt: skip
+    algo.gradient_sync = sync
+    algo.update(cartpole_batch(algo, reward=1.0))
+    assert len(seen) == 1 and seen[0].dtype == np.float32
+    mean, square = (seen[0] + other) / 2
+    assert algo.returns is not None
+    assert algo.returns.mean == pytest.approx(mean, rel=1e-4)
+    assert algo.returns.std == pytest.approx(np.sqrt(square - mean * mean), rel=1e-3)
+
+
 def test_observation_statistics_travel_with_the_weights_to_an_actor() -> None:
     space = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
     actions = gym.spaces.Discrete(6)
