@@ -657,11 +657,16 @@ class PPO:
                 )
         # In return units (the critic's output de-normalized, with normalize_returns)
         scale, shift = (1.0, 0.0) if self.returns is None else (self.returns.std, self.returns.mean)
-        values = value.cpu().numpy().astype(np.float64).reshape(reward.shape) * scale + shift
+
+        def in_returns(critic: torch.Tensor | np.ndarray) -> np.ndarray:
+            out = critic.cpu().numpy() if isinstance(critic, torch.Tensor) else critic
+            return np.asarray(out, np.float64).reshape(reward.shape) * scale + shift
+
+        values = in_returns(value)
         ends = (
             reward,
             values,
-            next_value.cpu().numpy().astype(np.float64).reshape(reward.shape) * scale + shift,
+            in_returns(next_value),
             batch["terminated"],
             batch["truncated"],
         )
@@ -687,11 +692,11 @@ class PPO:
         # correction to the acting policy, min(rho_bar, pi/mu)).
         learner_ref = c.vtrace and c.vtrace_reference == "learner"
         reference = logp.float() if learner_ref and logp is not None else tensor(batch["logp"])
-        behaviour = np.asarray(batch["value"], np.float64) * scale + shift
+        behaviour = in_returns(batch["value"])
         if self.returns is not None:  # targets, old values: in the updated statistics' units
             self._observe_returns(ret)
-            shift, scale = self.returns.mean, self.returns.std
-            ret, values, behaviour = ((x - shift) / scale for x in (ret, values, behaviour))
+            mean, std = self.returns.mean, self.returns.std
+            ret, values, behaviour = ((x - mean) / std for x in (ret, values, behaviour))
         return {
             "obs": obs,
             "action": action,
