@@ -17,7 +17,7 @@ from tianji.rl.events import (
 from tianji.run.config import load_config
 from tianji.runtime.errors import ConfigError
 from tianji.runtime.events import Event, Heartbeat
-from tianji.services.balancer import Balancer, accounting
+from tianji.services.balancer import Balancer
 
 
 def hb(name: str, role: str, counters: dict[str, int] = {}, **gauges: float) -> Heartbeat:  # noqa: B006
@@ -243,68 +243,6 @@ def test_metrics_report_rates_ratio_pauses_drops_and_lag() -> None:
     assert m["pause_s"] == {"actor-0": 1.25} and m["learner_wait_s"] == 0.5
     assert m["dropped"] == {"evicted": 10}
     assert m["lag"] == {"mean": 1.5, "p50": 0.0, "p95": 3.0, "max": 3.0}
-
-
-def test_accounting_identity_holds_when_every_service_keeps_its_books() -> None:
-    run = {
-        "actor-0": hb("actor-0", "actor", {"samples_produced": 5000}),
-        "actor-1": hb("actor-1", "actor", {"samples_produced": 5000, "dropped/unsent": 512}),
-        # received 9000 (488 still on the way): 6000 sent, 1024 buffered, 1976 dropped
-        "buffer-0": hb(
-            "buffer-0",
-            "buffer",
-            {
-                "samples_inserted": 9000,
-                "samples_sent": 6000,
-                "dropped/stale": 1000,
-                "dropped/evicted": 976,
-            },
-            buffered_samples=1024,
-        ),
-        # received 5000 (1000 on the way): 4000 consumed, 1000 stale in flight
-        "learner-0": hb(
-            "learner-0",
-            "learner",
-            {"samples_received": 5000, "samples_consumed": 4000, "dropped/stale": 1000},
-        ),
-    }
-    books = accounting(run, on_policy=True)
-    assert books["in_flight"] == 488 + 1000
-    assert books["balanced"]
-    # A batch the learner holds (queued or in training) is in flight, not lost.
-    run["learner-0"] = hb(
-        "learner-0",
-        "learner",
-        {"samples_received": 5512, "samples_consumed": 4000, "dropped/stale": 1000},
-        held_samples=512,
-    )
-    books = accounting(run, on_policy=True)
-    assert books["in_flight"] == 488 + 488 + 512
-    assert books["dropped"] == {"evicted": 976, "stale": 2000, "unsent": 512}
-    assert books["balanced"]
-    # A service that loses samples without counting them breaks the identity.
-    run["learner-0"] = hb(
-        "learner-0", "learner", {"samples_received": 5000, "samples_consumed": 4000}
-    )
-    assert not accounting(run, on_policy=True)["balanced"]
-
-
-def test_replay_accounting_counts_draws_apart_from_the_identity() -> None:
-    run = {
-        "actor-0": hb("actor-0", "actor", {"samples_produced": 3000}),
-        "buffer-0": hb(
-            "buffer-0",
-            "buffer",
-            {"samples_inserted": 2900, "dropped/evicted": 900},
-            buffered_samples=2000,
-        ),
-        "learner-0": hb(
-            "learner-0", "learner", {"samples_consumed": 6000, "dropped/shutdown": 128}
-        ),
-    }
-    books = accounting(run, on_policy=False)
-    assert books["consumed"] == 6000 and books["in_flight"] == 100
-    assert books["dropped"] == {"evicted": 900} and books["balanced"]
 
 
 def test_sync_mode_settings_that_could_never_progress_are_config_errors(tmp_path) -> None:

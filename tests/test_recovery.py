@@ -69,27 +69,54 @@ def test_recovery_settings_are_checked_naming_the_key() -> None:
     assert RunConfig().recovery.learner == "stop"
 
 
+SID = 4242  # actor-0's stream
+
+
+def _actor(sent: int) -> Heartbeat:
+    """actor-0, having sent ``sent`` samples on its stream (and produced as many)."""
+    counters = {"samples_produced": sent, "samples_sent": sent}
+    return _hb("actor-0", "actor", counters, **{f"sent/{SID}": float(sent)})
+
+
+def _buffer(received: int, held: int, first: int = 0) -> Heartbeat:
+    """A replay buffer-0 that has actor-0's stream from ``first`` to ``first + received``
+    and holds ``held`` of it (the rest evicted)."""
+    counters = {
+        "samples_received": received,
+        "samples_inserted": received,
+        "dropped/evicted": received - held,
+    }
+    gauges = {"buffered_samples": float(held), f"recv/actor-0/{SID}": float(first + received)}
+    if first:
+        gauges[f"join/actor-0/{SID}"] = float(first)
+    return _hb("buffer-0", "buffer", counters, **gauges)
+
+
 def test_a_retired_incarnation_keeps_its_counts_and_what_it_held_is_lost_in_restart() -> None:
     controller = Controller(plugins=[Balancer(BalanceConfig())])
     controller.heartbeats = {
-        "actor-0": _hb("actor-0", "actor", {"samples_produced": 1000}),
-        "buffer-0": _hb("buffer-0", "buffer", {"samples_inserted": 1000}, buffered_samples=1000),
-        "learner-0": _hb("learner-0", "learner", {"samples_consumed": 2000}),
+        "actor-0": _actor(1000),
+        "buffer-0": _buffer(1000, held=1000),
+        "learner-0": _hb(  # 2000 draws of the buffer's stream 77, consumed
+            "learner-0",
+            "learner",
+            {"samples_received": 2000, "samples_consumed": 2000},
+            **{"recv/buffer-0/77": 2000.0},
+        ),
     }
     before = accounting(controller.heartbeats, on_policy=False)
-    assert before["balanced"] and before["dropped"] == {}
+    assert before["balanced"] and before["dropped"] == {}, before
     controller.retire("buffer-0")  # died holding 1000 samples
     assert controller.restarts["buffer-0"] == 1
     after = accounting(controller.heartbeats, on_policy=False)
     assert after["dropped"] == {"lost_in_restart": 1000} and after["buffered"] == 0
     assert after["balanced"], after
-    # the new incarnation counts from zero; the totals go on
-    controller.heartbeats["buffer-0"] = _hb(
-        "buffer-0", "buffer", {"samples_inserted": 300}, buffered_samples=300
-    )
-    controller.heartbeats["actor-0"] = _hb("actor-0", "actor", {"samples_produced": 1300})
+    # the new incarnation counts from zero, joining the stream where it was; totals go on
+    controller.heartbeats["buffer-0"] = _buffer(300, held=300, first=1000)
+    controller.heartbeats["actor-0"] = _actor(1300)
     final = accounting(controller.heartbeats, on_policy=False)
-    assert final["produced"] == 1300 and final["buffered"] == 300 and final["balanced"]
+    assert final["produced"] == 1300 and final["buffered"] == 300 and final["balanced"], final
+    assert final["lost_in_restart"] == {"reported": 1000, "derived": 0}
     assert "buffer-0#1" in controller.heartbeats
 
 
@@ -118,7 +145,7 @@ def test_a_service_back_as_a_new_process_is_retired_and_counted_as_a_restart() -
         seen: list[tuple[str, str, int]] = []
         controller.reincarnated = lambda *args: seen.append(args)
         old, again, new = _Conn(), _Conn(), _Conn()
-        held = _hb("buffer-0", "buffer", {"samples_inserted": 1000}, buffered_samples=1000)
+        held = _buffer(1000, held=1000)
         await controller.on_request(_register("buffer-0", "buffer", pid=100), old)  # type: ignore[arg-type]
         await controller.on_request(held, old)  # type: ignore[arg-type]
         await controller.on_request(_register("buffer-0", "buffer", pid=100), again)  # type: ignore[arg-type]
@@ -135,10 +162,11 @@ def test_a_service_back_as_a_new_process_is_retired_and_counted_as_a_restart() -
 
 
 def test_fragments_on_their_way_to_a_dead_buffer_are_counted_lost_when_it_is_back() -> None:
-    """Actors sent 1,000 samples to replay buffer-0; it inserted 700 and died with 300 in
-    its sockets and queue. Without counting those, they stayed
-    ``in_flight`` forever, and an on-policy run's actors stayed paused behind them (a PPO
-    chaos run on two hosts froze so)."""
+    """Actors sent 1,000 samples to replay buffer-0; it reported 700 received and died with
+    300 in its sockets and queue. The balance policy counts those 300 as settled when the
+    next incarnation registers (else an on-policy run's actors stayed paused behind them: a
+    PPO chaos run on two hosts froze so); the books have them pending until the stream
+    shows where the next incarnation joined, or the run ends (final: lost_in_restart)."""
 
     async def main() -> Controller:
         controller = Controller(plugins=[Balancer(BalanceConfig())])
@@ -146,17 +174,22 @@ def test_fragments_on_their_way_to_a_dead_buffer_are_counted_lost_when_it_is_bac
         actor, old, new = conns[0], conns[1], conns[2]
         await controller.on_request(_register("actor-0", "actor", pid=1), actor)  # type: ignore[arg-type]
         await controller.on_request(_register("buffer-0", "buffer", pid=2), old)  # type: ignore[arg-type]
-        await controller.on_request(_hb("actor-0", "actor", {"samples_produced": 1000}), actor)  # type: ignore[arg-type]
-        held = _hb("buffer-0", "buffer", {"samples_inserted": 700}, buffered_samples=700)
-        await controller.on_request(held, old)  # type: ignore[arg-type]
+        await controller.on_request(_actor(1000), actor)  # type: ignore[arg-type]
+        await controller.on_request(_buffer(700, held=700), old)  # type: ignore[arg-type]
         controller.retire("buffer-0")  # the launcher saw it die
         await controller.on_request(_register("buffer-0", "buffer", pid=3), new)  # type: ignore[arg-type]
         return controller
 
     controller = asyncio.run(main())
+    balancer = controller.plugin(Balancer)
+    assert balancer is not None and balancer.tally.settled == {"buffer-0#1": 300}
     books = accounting(controller.heartbeats, on_policy=False)
-    assert books["in_flight"] == 0, books
-    assert books["dropped"] == {"lost_in_restart": 700 + 300} and books["balanced"], books
+    assert books["in_flight"] == 300 and books["hops"]["actor->buffer"]["pending_restart"] == 300
+    assert books["dropped"] == {"lost_in_restart": 700} and books["balanced"], books
+    final = accounting(controller.heartbeats, on_policy=False, final=True)
+    assert final["in_flight"] == 0, final
+    assert final["dropped"] == {"lost_in_restart": 700 + 300} and final["balanced"], final
+    assert final["lost_in_restart"] == {"reported": 700, "derived": 300}
 
 
 def test_a_heartbeat_of_a_retired_process_is_ignored_and_its_successor_not_retired_again() -> None:

@@ -95,7 +95,12 @@ def test_ppo_reaches_475_on_cartpole_with_two_actor_processes(
     assert s["actors"] == 2 and s["learner_updates"] > 0
     lag = s["policy_lag"]
     assert isinstance(lag, dict) and lag["max"] <= 2  # learner.max_policy_lag
-    assert s["mode"] == "relaxed" and s["accounting"]["balanced"], s["accounting"]  # type: ignore[index]
+    books = s["accounting"]
+    assert s["mode"] == "relaxed" and books["balanced"], books  # type: ignore[index]
+    # the run drained before it stopped: nothing left on its way, every hop closed
+    assert books["drain"]["drained"] and books["in_flight"] == 0, books  # type: ignore[index]
+    for hop in books["hops"].values():  # type: ignore[index]
+        assert hop["sent"] == hop["received"] and hop["lost_in_transit"] == 0, books
 
 
 @pytest.mark.slow

@@ -68,11 +68,17 @@ class GrantConsumption(Event):
 
 @event
 class TrajectoryCollected(Event):
-    """Fact: an actor collected a trajectory fragment with the policy ``policy_version``."""
+    """Fact: an actor collected a trajectory fragment with the policy ``policy_version``.
+
+    ``stream``, ``seq`` and ``offset`` number it on the actor's stream (``tianji.rl.books``:
+    the receiver tells gaps and duplicates from them); ``stream == 0``: not numbered."""
 
     actor: str
     policy_version: int
     arrays: dict[str, np.ndarray]
+    stream: int = 0
+    seq: int = 0
+    offset: int = 0
 
 
 @event
@@ -185,6 +191,11 @@ class SampleBatch(Event):
     arrays: dict[str, np.ndarray]
     policy_versions: np.ndarray
     buffer: str = ""
+    stream: int = 0
+    """``stream``, ``seq``, ``offset``: its number on the buffer's stream to this learner
+    (``tianji.rl.books``); 0: not numbered."""
+    seq: int = 0
+    offset: int = 0
 
 
 @event

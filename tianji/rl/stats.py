@@ -21,6 +21,7 @@ from typing import Final
 
 __all__ = [
     "ActorStat",
+    "BookStat",
     "BufferStat",
     "DROPPED",
     "Dropped",
@@ -47,7 +48,33 @@ class Dropped:
     SHUTDOWN: Final = "dropped/shutdown"
     """Held by a learner when the run stopped."""
     UNSENT: Final = "dropped/unsent"
-    """A fragment an actor could not deliver."""
+    """A fragment an actor (or a rollout batch a buffer) could not deliver."""
+    LOST_IN_TRANSIT: Final = "dropped/lost_in_transit"
+    """Sent and never received: a gap in a stream's numbers at the receiver."""
+
+
+class BookStat:
+    """The two-ended sample books (:mod:`tianji.rl.books`): what senders and receivers of
+    numbered streams report, in any role."""
+
+    SENT: Final = "sent/"
+    """Gauge ``sent/<stream>``: samples a sender sent on one of its streams."""
+    RECV: Final = "recv/"
+    """Gauge ``recv/<sender>/<stream>``: the offset up to which a receiver has a stream."""
+    JOIN: Final = "join/"
+    """Gauge ``join/<sender>/<stream>``: the offset where a receiver joined a stream."""
+    RECEIVED: Final = "samples_received"
+    """Samples (or draws) a receiver took from streams (buffer and learner)."""
+    DUPLICATES: Final = "duplicates_discarded"
+    """Messages a receiver discarded as duplicates (numbered before what it had)."""
+    UNNUMBERED: Final = "unnumbered_received"
+    """Samples received in messages without stream numbers (made by hand, not by tianji)."""
+    DRAWS_LOST: Final = "draws_lost_in_transit"
+    """Off-policy: replay draws sent and never received (copies: no sample lost)."""
+    DRAWS_UNUSED: Final = "draws_unused"
+    """Off-policy: replay draws a learner received and never used (it stopped)."""
+    DRAWS_UNSENT: Final = "draws_unsent"
+    """Off-policy: replay draws a buffer could not deliver."""
 
 
 class ActorStat:
@@ -55,6 +82,8 @@ class ActorStat:
 
     ENV_STEPS: Final = "env_steps"
     SAMPLES_PRODUCED: Final = "samples_produced"
+    SAMPLES_SENT: Final = "samples_sent"
+    """Samples of fragments delivered to a buffer's link (numbered on the stream)."""
     FRAGMENTS_SENT: Final = "fragments_sent"
     PARAMS_TORN: Final = "params_torn"
     """Weights loaded from the params board while the board overwrote them (newer ones were
@@ -66,6 +95,10 @@ class ActorStat:
     """The version of the weights it acts with."""
     FRAGMENTS_AT_VERSION: Final = "fragments_at_version"
     PAUSED_S: Final = "paused_s"
+    SENDING: Final = "sending"
+    """Samples of the fragment being published now (produced, not yet sent or unsent)."""
+    WAITING: Final = "waiting"
+    """1.0 while it waits for a grant, weights or a resume (produces nothing)."""
     GRANT_LIMIT: Final = "grant_limit"
     GRANT_MIN_VERSION: Final = "grant_min_version"
 
@@ -73,13 +106,18 @@ class ActorStat:
 class BufferStat:
     """What a buffer (replay or rollout) reports."""
 
+    SAMPLES_RECEIVED: Final = "samples_received"
+    """Samples taken from actors' streams (duplicates discarded, gaps counted lost)."""
     SAMPLES_INSERTED: Final = "samples_inserted"
     SAMPLES_SENT: Final = "samples_sent"
+    """Samples delivered to learners (on-policy: taken out; replay: draws)."""
     SAMPLES_RESTORED: Final = "samples_restored"
     BATCHES_SENT: Final = "batches_sent"
     # gauges
     BUFFERED_SAMPLES: Final = "buffered_samples"
     """Samples it holds now (lost if it dies)."""
+    SENDING: Final = "sending"
+    """On-policy: samples of the batch being published now (taken out, not yet sent)."""
     READY: Final = "ready"
     """1.0 once it holds ``min_size`` samples (0.0 while filling)."""
     SIZE: Final = "size"

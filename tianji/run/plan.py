@@ -34,16 +34,17 @@ from tianji.run.summary import summarize
 from tianji.runtime.controller import Controller
 from tianji.runtime.errors import ServiceFailed
 from tianji.runtime.service import Service
-from tianji.services.balancer import (
-    Balancer,
-)
+from tianji.services.balancer import Balancer, balancer_of
 from tianji.services.common import make_algorithm
+from tianji.services.drain import drain
 from tianji.services.monitor import TrainMonitor
 
 __all__ = ["RunPlan", "TrainMonitor", "bind_addresses", "build_specs"]
 
 log = logging.getLogger("tianji.run")
 
+DRAIN_S = 3.0
+"""How long a cleanly stopping run waits for nothing to be in flight (within ``grace``)."""
 FINAL_CHECKPOINT_S = 8.0
 """How long a cleanly stopping run waits for its last checkpoint (within the launcher's
 ``grace``)."""
@@ -309,7 +310,14 @@ class RunPlan:
         """Before a clean stop: ask learner-0 for a last checkpoint (and the replay shards
         for their snapshots, ``[checkpoint] replay``) and wait (at most
         ``FINAL_CHECKPOINT_S``) until the monitor wrote them, so the run directory holds the
-        final policy (``tianji eval``) and a resume continues exactly where it stopped."""
+        final policy (``tianji eval``) and a resume continues exactly where it stopped.
+
+        First the run drains (:func:`tianji.services.drain.drain`, at most ``DRAIN_S``):
+        producers paused, learners frozen, until nothing is in flight between services,
+        so the final books have ``in_flight == 0`` or name what was left and why."""
+        balancer = balancer_of(controller)
+        if balancer is not None:
+            balancer.drained = await drain(controller, balancer, DRAIN_S)
         monitor = self.monitor
         if monitor is None or monitor.checkpoint_dir is None:
             return

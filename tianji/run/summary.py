@@ -14,7 +14,6 @@ from tianji.runtime.service import ServiceStat
 from tianji.services.balancer import (
     accounting,
     balancer_of,
-    dropped_by_reason,
     lag_summary,
 )
 from tianji.services.monitor import TrainMonitor
@@ -56,6 +55,10 @@ def summarize(
     here = monitor.env_steps_here  # a resumed run's rates count this part of it only
     resumed = monitor.resume
     start_updates = resumed.policy_version if resumed is not None else 0
+    balancer = balancer_of(controller)
+    # the run has stopped: what is still on its way to or from a dead incarnation is lost
+    books = accounting(controller.heartbeats, on_policy, final=True)
+    books["drain"] = balancer.drained if balancer is not None else None
     return {
         "algorithm": config.algorithm,
         "env_id": config.env.id,
@@ -78,7 +81,7 @@ def summarize(
         ),
         "samples_produced": _sum(controller, "actor-", "samples_produced"),
         "samples_consumed": totals["consumed"],
-        "samples_dropped": dropped_by_reason(controller.heartbeats),
+        "samples_dropped": books["dropped"],
         "final_return": monitor.mean_return(),  # the mean the stop was decided on
         "eval_return": monitor.eval_return(),
         "eval_policy_version": monitor.eval_policy_version(),
@@ -90,12 +93,8 @@ def summarize(
         "env_steps_to_target": monitor.steps_to_target,
         "target_reached_unix": monitor.target_unix,
         "policy_lag": lag_summary(controller.heartbeats),
-        "controller": (
-            balancer.metrics(controller.heartbeats)
-            if (balancer := balancer_of(controller))
-            else None
-        ),
-        "accounting": accounting(controller.heartbeats, on_policy),
+        "controller": balancer.metrics(controller.heartbeats) if balancer else None,
+        "accounting": books,
         "restarts": dict(sorted(controller.restarts.items())),
         "resumed_from": _resumed(monitor),
         "checkpoints": {

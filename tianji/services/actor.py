@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from tianji.rl.balance import min_replay_total
+from tianji.rl.books import Outbox
 from tianji.rl.envs import make_vector_env
 from tianji.rl.events import (
     ActionsComputed,
@@ -102,6 +103,8 @@ class ActorService(Service):
         self._have_params = asyncio.Event()
         self._wake = asyncio.Event()  # new params or a resume: re-check _pace
         self.gauges[ActorStat.PAUSED_S] = 0.0
+        self.gauges[ActorStat.WAITING] = 0.0
+        self.outbox = Outbox()  # numbers the fragments (tianji.rl.books)
         self.subscribe(LATEST_PARAMS, self.on_params, latest_only=True)
 
     async def on_params(self, ev: ParamsPublished) -> None:
@@ -218,11 +221,40 @@ class ActorService(Service):
             return
         loop = asyncio.get_running_loop()
         started = loop.time()
-        while self._must_wait():
-            self._wake.clear()
-            await self._wake.wait()
-            self._apply_params()
+        self.gauges[ActorStat.WAITING] = 1.0
+        self.report_soon()  # a run that drains before it stops waits to see this
+        try:
+            while self._must_wait():
+                self._wake.clear()
+                await self._wake.wait()
+                self._apply_params()
+        finally:
+            self.gauges[ActorStat.WAITING] = 0.0
         self.gauges[ActorStat.PAUSED_S] += loop.time() - started
+
+    async def _send_fragment(
+        self, version: int, samples: dict[str, np.ndarray], produced: int
+    ) -> None:
+        """Publish a fragment numbered on this actor's stream; count it sent (delivered
+        to a buffer's link) or unsent (no buffer connected: lost, and counted), and as
+        ``sending`` meanwhile, so every heartbeat's books close."""
+        ev = TrajectoryCollected(
+            actor=self.name,
+            policy_version=version,
+            arrays=samples,
+            **self.outbox.stamp(self.trajectories),
+        )
+        self.gauges[ActorStat.SENDING] = float(produced)
+        try:
+            delivered = await self.publish(ev, self.trajectories)
+        finally:
+            self.gauges[ActorStat.SENDING] = 0.0
+        if delivered:
+            self.outbox.delivered(self.trajectories, produced)
+            self.counters[ActorStat.SAMPLES_SENT] += produced
+            self.gauges.update(self.outbox.gauges(self.trajectories))
+        else:
+            self.counters[Dropped.UNSENT] += produced
 
     async def main(self) -> None:
         import torch
@@ -250,12 +282,7 @@ class ActorService(Service):
                 self.counters[ActorStat.SAMPLES_PRODUCED] += produced
                 self.counters[ActorStat.FRAGMENTS_SENT] += 1  # in the same heartbeat as the samples
                 self.counters[ActorStat.EPISODES] += len(returns)
-                delivered = await self.publish(
-                    TrajectoryCollected(actor=self.name, policy_version=version, arrays=samples),
-                    self.trajectories,
-                )
-                if not delivered:  # no buffer connected right now: lost, and counted
-                    self.counters[Dropped.UNSENT] += produced
+                await self._send_fragment(version, samples, produced)
                 self.sent_at_version += 1
                 self.gauges[ActorStat.FRAGMENTS_AT_VERSION] = self.sent_at_version
                 self.report_soon()

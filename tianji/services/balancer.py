@@ -25,13 +25,14 @@ from typing import Any
 import msgspec
 
 from tianji.rl.balance import BalanceConfig, BalancePolicy, Decision, Grant, LagStats, Observation
+from tianji.rl.books import accounting, dropped_by_reason
 from tianji.rl.events import (
     GrantConsumption,
     GrantProduction,
     PauseProduction,
     ResumeProduction,
 )
-from tianji.rl.stats import ActorStat, BufferStat, Dropped, LearnerStat
+from tianji.rl.stats import ActorStat, BookStat, BufferStat, Dropped, LearnerStat
 from tianji.rl.topics import index_of, shard_of_actor
 from tianji.runtime.controller import Controller, Send
 from tianji.runtime.events import Event, Heartbeat
@@ -97,6 +98,8 @@ class Balancer:
         self.stalled: dict[str, Any] | None = None
         self.stalls = 0
         self.tally = Tally()  # the heartbeats' totals, kept up to date per heartbeat
+        self.draining = False  # the run drains before it stops: no more commands
+        self.drained: dict[str, Any] | None = None  # what the drain saw (tianji.services.drain)
 
     def attach(self, send: Send) -> None:
         """Send commands through the controller (:class:`ControllerPlugin`)."""
@@ -115,56 +118,44 @@ class Balancer:
         return msgspec.structs.replace(hb, counters=counters, gauges=gauges)
 
     def rejoined(self, retired: str, heartbeats: dict[str, Heartbeat]) -> None:
-        """Samples on their way to a service that died will never arrive: count them as
-        ``dropped/lost_in_restart`` on its retired incarnation (and as received there, so
-        they leave ``in_flight``). A learner: rollout batches its buffer sent it; a buffer:
-        fragments its actors sent it and it never inserted (in the sockets, or queued in
-        it). Done when the next incarnation registers, when the other services' heartbeats
-        have long reported their last sends and before anyone could send to the new one;
-        without it the controller would wait for that backlog forever and keep the actors
-        paused (a PPO run under chaos on two hosts froze so)."""
+        """Samples on their way to a service that died will never arrive. For the balance
+        policy only (an on-policy run's backlog would otherwise wait for them forever and
+        keep the actors paused: a PPO run under chaos on two hosts froze so), count them as
+        settled when the next incarnation registers (before anyone could send to it): a
+        learner's, what its buffers sent minus what every learner received; a buffer's,
+        what its actors sent minus what every incarnation of it received. The run's books
+        (:func:`tianji.rl.books.accounting`) do not use this estimate: they settle the
+        restart from both ends of each stream."""
         hb = heartbeats.get(retired)
         if hb is None:
             return
+        beats = heartbeats.values()
         if hb.role == "learner":
-            beats = heartbeats.values()
             sent = sum(
                 b.counters.get(BufferStat.SAMPLES_SENT, 0) for b in beats if b.role == "buffer"
             )
-            received = sum(
-                b.counters.get(LearnerStat.SAMPLES_RECEIVED, 0)
-                for b in beats
-                if b.role == "learner"
-            )
-            self._lost_on_the_way(
-                heartbeats, retired, LearnerStat.SAMPLES_RECEIVED, sent - received
-            )
+            peers = [b for b in beats if b.role == "learner"]
         elif hb.role == "buffer":
             shard = index_of(retired)
             sent = sum(
-                b.counters.get(ActorStat.SAMPLES_PRODUCED, 0) - b.counters.get(Dropped.UNSENT, 0)
+                b.counters.get(ActorStat.SAMPLES_SENT, 0)
                 for n, b in heartbeats.items()
                 if b.role == "actor" and shard_of_actor(index_of(n), self.config.shards) == shard
             )
-            inserted = sum(
-                b.counters.get(BufferStat.SAMPLES_INSERTED, 0)
-                for n, b in heartbeats.items()
-                if b.role == "buffer" and index_of(n) == shard
-            )
-            self._lost_on_the_way(heartbeats, retired, BufferStat.SAMPLES_INSERTED, sent - inserted)
-
-    @staticmethod
-    def _lost_on_the_way(
-        heartbeats: dict[str, Heartbeat], retired: str, received_key: str, lost: int
-    ) -> None:
-        if lost <= 0:
+            peers = [
+                b for n, b in heartbeats.items() if b.role == "buffer" and index_of(n) == shard
+            ]
+        else:
             return
-        hb = heartbeats[retired]
-        counters = dict(hb.counters)
-        counters[received_key] = counters.get(received_key, 0) + lost
-        counters[Dropped.LOST_IN_RESTART] = counters.get(Dropped.LOST_IN_RESTART, 0) + lost
-        heartbeats[retired] = msgspec.structs.replace(hb, counters=counters)
-        log.warning("%s died with %d samples on their way to it: lost_in_restart", retired, lost)
+        arrived = sum(
+            b.counters.get(BookStat.RECEIVED, 0) + b.counters.get(Dropped.LOST_IN_TRANSIT, 0)
+            for b in peers
+        )
+        group = {b.name for b in peers}
+        lost = sent - arrived - sum(n for k, n in self.tally.settled.items() if k in group)
+        if lost > 0:
+            self.tally.settled[retired] = lost
+            log.warning("%s died with about %d samples on their way to it", retired, lost)
 
     def forget(self, name: str) -> None:
         """``name`` died: its next incarnation starts without grants (and its last heartbeat
@@ -197,6 +188,8 @@ class Balancer:
         self._history.append((now, obs.inserted, obs.consumed))
         while len(self._history) > 2 and self._history[1][0] < now - self.window:
             self._history.popleft()
+        if self.draining:  # producers paused, learners frozen: keep them so
+            return
         decision = self.policy.decide(obs)
         self.decisions += 1
         if self.last is None or decision.reason.split(":")[0] != self.last.reason.split(":")[0]:
@@ -398,6 +391,7 @@ class Tally:
     """
 
     def __init__(self) -> None:
+        self.settled: dict[str, int] = {}  # retired name -> samples lost on the way to it
         self._reset()
 
     def _reset(self) -> None:
@@ -493,7 +487,7 @@ class Tally:
         return Observation(
             inserted=self.inserted,
             consumed=self.consumed,
-            dropped=self.dropped,
+            dropped=self.dropped + sum(self.settled.values()),
             learner_version=version,
             producer_versions=versions,
             fragments_at_version=fragments,
@@ -509,16 +503,6 @@ def _dropped(hb: Heartbeat) -> int:
     return sum(v for k, v in hb.counters.items() if k.startswith("dropped/"))
 
 
-def dropped_by_reason(heartbeats: Mapping[str, Heartbeat]) -> dict[str, int]:
-    """Samples dropped anywhere in the run, by reason (``dropped/<reason>`` counters)."""
-    out: collections.Counter[str] = collections.Counter()
-    for hb in heartbeats.values():
-        for key, value in hb.counters.items():
-            if key.startswith("dropped/"):
-                out[key.split("/", 1)[1]] += value
-    return dict(sorted(out.items()))
-
-
 def lag_summary(heartbeats: Mapping[str, Heartbeat]) -> dict[str, float] | None:
     """Policy lag of consumed samples over all learners: mean, p50, p95, max."""
     counts: collections.Counter[int] = collections.Counter()
@@ -532,50 +516,3 @@ def lag_summary(heartbeats: Mapping[str, Heartbeat]) -> dict[str, float] | None:
         total += hb.counters.get(LearnerStat.LAG_SUM, 0)
         peak = max(peak, hb.counters.get(LearnerStat.LAG_MAX, 0))
     return LagStats.summarize(dict(counts), total, peak)
-
-
-def accounting(heartbeats: Mapping[str, Heartbeat], on_policy: bool) -> dict[str, Any]:
-    """Where every produced sample went, from the counters of actors, buffers and learners.
-
-    On-policy: ``produced = consumed + buffered + dropped + in_flight``; off-policy (replay
-    samples are drawn, not taken): ``produced + restored = buffered + dropped + in_flight``
-    and ``consumed`` counts draws (``restored``: what resumed replay shards started with).
-    ``in_flight`` is measured from both ends of each link
-    (sent by one service, not yet received by the next), never derived from the identity,
-    so ``balanced`` checks the bookkeeping of every service.
-    """
-
-    def total(role: str, key: str, gauge: bool = False) -> int:
-        return int(
-            sum(
-                (hb.gauges if gauge else hb.counters).get(key, 0)
-                for hb in heartbeats.values()
-                if hb.role == role
-            )
-        )
-
-    produced = total("actor", ActorStat.SAMPLES_PRODUCED)
-    unsent = total("actor", Dropped.UNSENT)
-    inserted = total("buffer", BufferStat.SAMPLES_INSERTED)
-    in_flight = produced - unsent - inserted
-    consumed = total("learner", LearnerStat.SAMPLES_CONSUMED)
-    if on_policy:  # sent by the buffer and not received yet, or held by the learner
-        in_flight += total("buffer", BufferStat.SAMPLES_SENT) - total(
-            "learner", LearnerStat.SAMPLES_RECEIVED
-        )
-        in_flight += total("learner", LearnerStat.HELD_SAMPLES, gauge=True)
-    dropped = dropped_by_reason(
-        {n: hb for n, hb in heartbeats.items() if on_policy or hb.role != "learner"}
-    )
-    buffered = total("buffer", BufferStat.BUFFERED_SAMPLES, gauge=True)
-    restored = total("buffer", BufferStat.SAMPLES_RESTORED)
-    accounted = buffered + sum(dropped.values()) + in_flight + (consumed if on_policy else 0)
-    return {
-        "produced": produced,
-        "restored": restored,
-        "consumed": consumed,
-        "buffered": buffered,
-        "dropped": dropped,
-        "in_flight": in_flight,
-        "balanced": produced + restored == accounted,
-    }

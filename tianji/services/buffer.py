@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from tianji.rl.algorithm import BufferSpec
+from tianji.rl.books import Inbox, Outbox
 from tianji.rl.buffers import ReplayBuffer, RolloutBuffer, make_buffer
 from tianji.rl.checkpoint import pack_state, unpack_state
 from tianji.rl.events import (
@@ -33,7 +35,7 @@ from tianji.rl.events import (
     TakeCheckpoint,
     TrajectoryCollected,
 )
-from tianji.rl.stats import BufferStat, Dropped
+from tianji.rl.stats import BookStat, BufferStat, Dropped
 from tianji.rl.topics import (
     REQUESTS,
     batches_topic,
@@ -52,6 +54,8 @@ from tianji.runtime.service import Service
 from tianji.services.common import apply_run_options, parse_run_config, transitions
 
 __all__ = ["BufferService"]
+
+log = logging.getLogger("tianji.buffer")
 
 
 class BufferService(Service):
@@ -99,6 +103,9 @@ class BufferService(Service):
         self.sent: dict[str, int] = {}  # ... and were sent (credit = requested - sent)
         self.learner_version = 0
         self._ids = itertools.count()
+        self.inbox = Inbox()  # the actors' numbered streams (tianji.rl.books)
+        self.outbox = Outbox()  # ours, one per learner
+        self._serving = asyncio.Lock()
         self._update_size()  # "ready" is 0 from the start for a replay shard
         self.subscribe(trajectories_topic(index, shards), self.on_trajectory)
         self.subscribe(REQUESTS, self.on_request_batches)
@@ -171,6 +178,18 @@ class BufferService(Service):
         if self._restored is not None and not self._restored.is_set():
             await self._restored.wait()  # store on top of the snapshot, never under it
         steps = transitions(ev.arrays)
+        lost = self.inbox.take(ev.actor, ev.stream, ev.seq, ev.offset, steps)
+        if lost is None:  # numbered before what we have: delivered twice
+            self.counters[BookStat.DUPLICATES] += 1
+            log.warning("%s: duplicate fragment %d of %s discarded", self.name, ev.seq, ev.actor)
+            return
+        if lost:
+            self.counters[Dropped.LOST_IN_TRANSIT] += lost
+            log.warning("%s: %d samples of %s lost on the way", self.name, lost, ev.actor)
+        self.counters[BufferStat.SAMPLES_RECEIVED] += steps
+        if ev.stream == 0:
+            self.counters[BookStat.UNNUMBERED] += steps
+        self.gauges.update(self.inbox.gauges(ev.actor, ev.stream))
         self.buffer.add(ev.arrays, policy_version=ev.policy_version)
         self.counters[BufferStat.SAMPLES_INSERTED] += steps
         self._count_evictions()
@@ -190,6 +209,14 @@ class BufferService(Service):
             self.sent[ev.learner] = min(ev.received, ev.count)
         elif ev.count < before:  # counting from 0 again: a restarted learner
             self.sent[ev.learner] = 0
+        elif ev.count == before and ev.received < self.sent.get(ev.learner, 0):
+            # A repeat: the learner waited with nothing arriving, yet we sent it more than it
+            # received. Those batches were lost on the way (its stream numbers count them
+            # when the next one arrives): grant its credit again, or it starves.
+            missing = self.sent[ev.learner] - ev.received
+            self.counters["credit_restored"] += missing
+            log.warning("%s: %d batches sent to %s never arrived", self.name, missing, ev.learner)
+            self.sent[ev.learner] = ev.received
         self.requested[ev.learner] = ev.count  # cumulative: a repeat changes nothing
         self.learner_version = max(self.learner_version, ev.learner_version)
         await self._serve()
@@ -216,29 +243,50 @@ class BufferService(Service):
         return min(waiting, key=lambda n: self.sent.get(n, 0), default=None)
 
     async def _serve(self) -> None:
-        while (learner := self._next_learner()) is not None:
-            self._drop_stale()
-            batch = self.buffer.sample(self.spec.batch_size)
-            if batch is None:
-                return
-            versions = batch.pop("policy_version").astype(np.int64)
-            if isinstance(self.buffer, RolloutBuffer):  # per env column -> per transition
-                versions = np.tile(versions, next(iter(batch.values())).shape[0])
-            self.sent[learner] = self.sent.get(learner, 0) + 1
-            self.counters[BufferStat.BATCHES_SENT] += 1
-            if isinstance(self.buffer, RolloutBuffer):  # taken out of the buffer
-                self.counters[BufferStat.SAMPLES_SENT] += int(versions.size)
-            self._update_size()
-            await self.publish(
-                SampleBatch(
-                    batch_id=next(self._ids),
-                    policy_version=self.learner_version,
-                    arrays=batch,
-                    policy_versions=versions,
-                    buffer=self.name,
-                ),
-                batches_topic(learner),
-            )
+        async with self._serving:  # one numbered batch at a time on each stream
+            while (learner := self._next_learner()) is not None:
+                self._drop_stale()
+                batch = self.buffer.sample(self.spec.batch_size)
+                if batch is None:
+                    return
+                await self._send_batch(learner, batch)
+
+    async def _send_batch(self, learner: str, batch: dict[str, np.ndarray]) -> None:
+        """Publish a batch numbered on the stream to ``learner``; count it sent when it was
+        delivered to the learner's link, else unsent (on-policy samples taken out of the
+        buffer are then lost: ``dropped/unsent``; replay draws are copies: ``draws_unsent``),
+        and as ``sending`` meanwhile."""
+        versions = batch.pop("policy_version").astype(np.int64)
+        rollout = isinstance(self.buffer, RolloutBuffer)
+        if rollout:  # per env column -> per transition
+            versions = np.tile(versions, next(iter(batch.values())).shape[0])
+        n = int(versions.size)
+        topic_name = batches_topic(learner)
+        self.sent[learner] = self.sent.get(learner, 0) + 1
+        self.counters[BufferStat.BATCHES_SENT] += 1
+        self._update_size()
+        ev = SampleBatch(
+            batch_id=next(self._ids),
+            policy_version=self.learner_version,
+            arrays=batch,
+            policy_versions=versions,
+            buffer=self.name,
+            **self.outbox.stamp(topic_name),
+        )
+        if rollout:  # taken out of the buffer: in no count until it is sent or unsent
+            self.gauges[BufferStat.SENDING] = float(n)
+        try:
+            delivered = await self.publish(ev, topic_name)
+        finally:
+            self.gauges[BufferStat.SENDING] = 0.0
+        if delivered:
+            self.outbox.delivered(topic_name, n)
+            self.counters[BufferStat.SAMPLES_SENT] += n
+            self.gauges.update(self.outbox.gauges(topic_name))
+        else:
+            self.counters[Dropped.UNSENT if rollout else BookStat.DRAWS_UNSENT] += n
+            log.warning("%s: a batch for %s found no link: %d unsent", self.name, learner, n)
+        self.report_soon()
 
     def _drop_stale(self) -> None:
         if not isinstance(self.buffer, RolloutBuffer) or not self.drop_stale:

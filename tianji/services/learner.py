@@ -28,6 +28,7 @@ import numpy as np
 
 from tianji.rl.algorithm import SupportsGradientSync
 from tianji.rl.balance import LagStats, publish_every
+from tianji.rl.books import Inbox
 from tianji.rl.checkpoint import (
     SupportsCheckpoint,
     algorithm_state,
@@ -45,7 +46,7 @@ from tianji.rl.events import (
     SampleBatch,
     TakeCheckpoint,
 )
-from tianji.rl.stats import Dropped, LearnerStat
+from tianji.rl.stats import BookStat, Dropped, LearnerStat
 from tianji.rl.topics import (
     CHECKPOINTS,
     LEARNER_PARAMS,
@@ -140,6 +141,7 @@ class LearnerService(Service):
         self.requested_from = dict.fromkeys(self.shards, 0)  # ... per buffer shard
         self.received_from = dict.fromkeys(self.shards, 0)  # batches got from each shard
         self._held = 0  # samples received and not yet consumed or dropped (queued, training)
+        self.inbox = Inbox()  # the buffers' numbered streams (tianji.rl.books)
         self._warned_weights_only = False
         self.gauges[LearnerStat.HELD_SAMPLES] = 0.0
         self.gauges[LearnerStat.WAITING_S] = 0.0  # for the controller's consumption grant
@@ -199,7 +201,23 @@ class LearnerService(Service):
         self.algo.gradient_sync = sync
 
     async def on_batch(self, ev: SampleBatch) -> None:
-        self.counters[LearnerStat.SAMPLES_RECEIVED] += int(ev.policy_versions.size)
+        n = int(ev.policy_versions.size)
+        missing = self.inbox.lost_messages
+        lost = self.inbox.take(ev.buffer, ev.stream, ev.seq, ev.offset, n)
+        if lost is None:  # numbered before what we have: delivered twice
+            self.counters[BookStat.DUPLICATES] += 1
+            log.warning("%s: duplicate batch %d of %s discarded", self.name, ev.seq, ev.buffer)
+            return
+        if lost:
+            lost_key = Dropped.LOST_IN_TRANSIT if self.on_policy else BookStat.DRAWS_LOST
+            self.counters[lost_key] += lost
+            log.warning("%s: %d samples from %s lost on the way", self.name, lost, ev.buffer)
+        self.counters["batches_lost"] += self.inbox.lost_messages - missing
+        if ev.stream == 0:
+            self.counters[BookStat.UNNUMBERED] += n
+        self.gauges.update(self.inbox.gauges(ev.buffer, ev.stream))
+        self.counters[LearnerStat.SAMPLES_RECEIVED] += n
+        self.report_soon()
         if ev.buffer in self.received_from:
             self.received_from[ev.buffer] += 1
         if self._closing:
@@ -302,16 +320,16 @@ class LearnerService(Service):
             self.limit = None if ev.limit < 0 else ev.limit
             self.gauges[LearnerStat.CONSUME_LIMIT] = float(ev.limit)
             self._granted.set()
+            self.report_soon()
         else:
             await super().on_control(ev)
 
     def _drop_at_stop(self, batches: list[SampleBatch]) -> None:
         """On-policy batches the learner will never use are dropped (reason ``shutdown``);
         replay batches are copies of what stays in the buffer, so nothing is lost."""
-        if self.on_policy:
-            lost = sum(int(b.policy_versions.size) for b in batches)
-            if lost:
-                self.counters[Dropped.SHUTDOWN] += lost
+        lost = sum(int(b.policy_versions.size) for b in batches)
+        if lost:
+            self.counters[Dropped.SHUTDOWN if self.on_policy else BookStat.DRAWS_UNUSED] += lost
 
     def _release_held(self, n: int) -> None:
         """``n`` held samples were just counted as consumed or dropped (same step, so a
