@@ -39,7 +39,8 @@ def add_deploy_parsers(sub: Any) -> None:
     p = sub.add_parser("serve", help="run one service of a run deployed by hand")
     p.add_argument(
         "role",
-        help="actor, buffer, learner, params or inference; or relay (optional, one per host "
+        help="one of the run's roles: actor, buffer, learner, params, inference or eval (with "
+        "[eval] workers); or relay (optional, one per host "
         "of actors: the params service sends each version once to the host's relay, which "
         "hands it to the host's actors through shared memory)",
     )

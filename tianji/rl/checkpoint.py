@@ -10,8 +10,9 @@ A *state tree* is nested dicts / lists of ``None``, bool, int, float, str, bytes
 arrays (msgpack ext type 1: dtype, shape, raw bytes) and torch tensors (ext type 2, loaded
 back on the CPU). Nothing in a checkpoint runs code when it is read.
 
-Who writes what (see ``docs/run-directory.md``): learner-0 packs its algorithm's state
-(:func:`algorithm_state`, :func:`pack_state`) every ``checkpoint.every_updates`` updates or
+Who writes what (see ``docs/architecture.md``, "Run directory" and "Checkpoints and
+resume"): learner-0 packs its algorithm's state (:func:`algorithm_state`,
+:func:`pack_state`) every ``checkpoint.every_updates`` updates or
 ``checkpoint.every_seconds`` seconds and publishes it as a ``CheckpointTaken`` event; the
 run's monitor (beside the controller, where the run directory is) adds the run's counters
 and writes the file atomically (:func:`write_checkpoint`). So a learner on another host
