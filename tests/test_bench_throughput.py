@@ -214,6 +214,8 @@ def test_an_unknown_env_or_a_missing_peer_interpreter_is_a_usage_error(
     assert "breakout" in capsys.readouterr().err
     assert main(["bench", "throughput", "--peer-python", "/no/such/python"]) == 2
     assert "/no/such/python" in capsys.readouterr().err
+    assert main(["bench", "throughput", "--work", "equal,same-ish"]) == 2
+    assert "same-ish" in capsys.readouterr().err
 
 
 def test_a_bench_child_gives_its_last_json_line_or_its_exit_code_and_last_words() -> None:
