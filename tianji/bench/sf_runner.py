@@ -11,11 +11,12 @@ never tianji, because it runs under a separate interpreter. Create that venv onc
 (pin torch in both calls: an unpinned torch pulls a multi-GB CUDA build). Then::
 
     /work/sfvenv/bin/python tianji/bench/sf_runner.py --env cartpole|pong --workers W \\
-        --envs-per-worker E --seconds S [--warmup S0] --train-dir DIR
+        --envs-per-worker E --seconds S [--warmup S0] --train-dir DIR [--sf-args="FLAGS"]
 
 trains APPO in-process through SF's own runner and, at the end, prints exactly one JSON line
 on stdout (``system``, ``env``, ``workers``, ``envs_per_worker``, ``seconds``, ``env_steps``,
-``frames``, ``env_steps_per_s``, ``frames_per_s``, ``frameskip``, ``policy_lag``,
+``frames``, ``env_steps_per_s``, ``frames_per_s``, ``consumed_per_s``, ``frameskip``,
+``policy_lag``, ``model_params``, ``learner_threads``, ``processes``, ``settings``,
 ``sf_version``). Everything else -- SF's logs, its worker processes' output, ALE's banner --
 goes to stderr (file descriptor 1 is pointed at stderr before anything starts) and to
 ``DIR/<experiment>/sf_log.txt``. Exit code 1 with a message on stderr when SF fails.
@@ -28,6 +29,21 @@ epochs); ``cartpole`` is ``CartPole-v1`` with the command line of SF's
 0.1, SF's default 512x512 MLP encoder). Only ``num_workers``, ``num_envs_per_worker``,
 ``device=cpu``, a huge ``train_for_env_steps`` and ``restart_behavior=overwrite`` are changed.
 
+``--sf-args`` (whitespace-separated SF flags, e.g. ``--encoder_mlp_layers 64 64
+--nonlinearity=tanh``) come after the example's flags, so they override them: ``tianji bench
+throughput`` passes its equal-work settings this way (``tianji.bench.throughput.sf_flags``).
+``settings`` in the JSON are the values SF actually ran with (its parsed config) for what
+decides the work: the encoder (``encoder_mlp_layers`` or ``encoder_conv_architecture`` with
+``encoder_conv_mlp_layers``), ``nonlinearity``, ``actor_critic_share_weights``,
+``rollout``, ``batch_size`` (SF's minibatch), ``num_batches_per_epoch``, ``num_epochs``,
+``normalize_input``, ``normalize_returns``, ``async_rl``, ``worker_num_splits``,
+``policy_workers_per_policy``. ``model_params`` counts the trainable parameters of the
+actor-critic SF builds from that config (running-statistics buffers are not parameters).
+``processes`` is what computes: ``env`` rollout workers, ``inference`` policy workers, one
+``learner``. ``learner_threads`` is 1: SF 2.1.1 sets it, not a flag
+(``learner_worker.py`` calls ``init_torch_runtime(cfg)``, whose ``max_num_threads=1``
+makes ``torch.set_num_threads(1)``; inference workers do the same, rollout workers too).
+
 Stopping: ``--train_for_seconds`` is a no-op in 2.1.1 (the runner never updates
 ``total_train_seconds``), so this script hooks a handler onto the runner's learner-report
 messages and calls the runner's own stop path (``_stop_training``: final checkpoint, every
@@ -36,7 +52,13 @@ runner's event loop stops a run that never starts training or never finishes sto
 any child process still alive at exit is terminated, then killed.
 
 Measurement: the learner reports its cumulative ``env_steps`` after every training iteration;
-that counter is what SF's periodic log line ``Fps is (...). Total num frames: N`` prints. The
+that counter is what SF's periodic log line ``Fps is (...). Total num frames: N`` prints.
+It counts what the learner CONSUMED (``Learner.train`` adds each trained batch's
+``experience_size``, invalid samples included: with ``max_policy_lag=1000`` there are none
+here), not what the rollout workers produced, so ``env_steps`` and ``consumed_per_s`` are the
+same count: agent steps trained on. (The rollout side's ``samples_collected`` arrives only
+every few seconds per policy worker, too coarse for the window; it serves the cross-check
+below only.) The
 warm-up starts at the first training iteration (process start-up, model init and the first
 rollouts are excluded); the window opens at the first report at least ``--warmup`` seconds
 later and closes at the first report at least ``--seconds`` after that, so ``seconds`` is the
@@ -238,6 +260,7 @@ def build_cfg(args: argparse.Namespace) -> Any:
         "--restart_behavior=overwrite",
         "--with_wandb=False",
         *spec["argv"],
+        *args.sf_args.split(),
     ]
     parser, partial = parse_sf_args(argv=argv)
     if args.env == "pong":
@@ -250,6 +273,53 @@ def build_cfg(args: argparse.Namespace) -> Any:
     else:
         register_env(spec["sf_name"], make_cartpole)
     return parse_full_cfg(parser, argv)
+
+
+SETTINGS = (
+    "encoder_mlp_layers",
+    "encoder_conv_architecture",
+    "encoder_conv_mlp_layers",
+    "nonlinearity",
+    "actor_critic_share_weights",
+    "use_rnn",
+    "rollout",
+    "batch_size",
+    "num_batches_per_epoch",
+    "num_epochs",
+    "normalize_input",
+    "normalize_returns",
+    "async_rl",
+    "worker_num_splits",
+    "policy_workers_per_policy",
+)
+"""The parsed config values that decide the work, reported as ``settings``."""
+LEARNER_THREADS = 1
+"""What SF 2.1.1's learner runs with: ``init_torch_runtime(cfg)`` (no flag sets it)."""
+
+
+def model_facts(cfg: Any, env_info: Any) -> dict[str, Any]:
+    """The work-deciding settings SF parsed and the trainable parameters of the
+    actor-critic it builds from them (built here once more, only to count)."""
+    from sample_factory.model.actor_critic import (  # type: ignore[import-not-found, unused-ignore]
+        create_actor_critic,
+    )
+
+    model = create_actor_critic(cfg, env_info.obs_space, env_info.action_space)
+    params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    settings = {key: getattr(cfg, key) for key in SETTINGS if hasattr(cfg, key)}
+    space = env_info.obs_space
+    shape = space["obs"].shape if hasattr(space, "spaces") else space.shape
+    # SF builds the conv encoder for images and the MLP otherwise, ignoring the other's
+    # flags: report only the one in use
+    unused = (
+        ("encoder_mlp_layers",)
+        if len(shape) > 1
+        else ("encoder_conv_architecture", "encoder_conv_mlp_layers")
+    )
+    for key in unused:
+        settings.pop(key, None)
+    log(f"actor-critic: {params} trainable parameters; settings {settings}")
+    return {"model_params": params, "settings": settings}
 
 
 def run_sf(args: argparse.Namespace) -> dict[str, Any]:
@@ -327,6 +397,7 @@ def run_sf(args: argparse.Namespace) -> dict[str, Any]:
         raise RuntimeError(
             f"Sample Factory failed to initialise (status {status}); see its log above"
         )
+    facts = model_facts(cfg, runner.env_info)
     timer = Timer(runner.event_loop, 1.0)
     timer.timeout.connect(Watchdog(runner.event_loop, "sf_runner_watchdog").tick)
     status = runner.run()
@@ -360,8 +431,16 @@ def run_sf(args: argparse.Namespace) -> dict[str, Any]:
         "frames": frames,
         "env_steps_per_s": round(env_steps / elapsed, 1),
         "frames_per_s": round(frames / elapsed, 1),
+        "consumed_per_s": round(env_steps / elapsed, 1),  # the learner's count: see above
         "frameskip": frameskip,
         "policy_lag": None if lag is None else round(lag, 3),
+        "learner_threads": LEARNER_THREADS,
+        "processes": {
+            "env": int(cfg.num_workers),
+            "inference": int(cfg.policy_workers_per_policy) * int(cfg.num_policies),
+            "learner": int(cfg.num_policies),
+        },
+        **facts,
         "sf_version": SF_VERSION,
         **({"curve": curve.points} if curve is not None else {}),
     }
@@ -388,6 +467,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seconds", type=float, required=True, help="measured window (s)")
     p.add_argument("--warmup", type=float, default=15.0, help="after the first update (s)")
     p.add_argument("--train-dir", required=True, help="SF's train_dir (logs, checkpoints)")
+    p.add_argument(
+        "--sf-args",
+        default="",
+        metavar="FLAGS",
+        help="SF flags appended after the example's (they override it); whitespace-separated, "
+        'given as --sf-args="--rollout=64 --encoder_mlp_layers 64 64"',
+    )
     p.add_argument(
         "--curve",
         type=float,

@@ -2,25 +2,37 @@
 
 One invocation measures, side by side on this machine, every cell of :func:`plan_cells`
 for each env (``cartpole``: CartPole-v1; ``pong``: ALE/Pong-v5 with the Atari preset),
-PPO with 2 actors x 4 envs everywhere:
+PPO with 2 env processes x 4 envs everywhere. Each row says which work it does
+(``"work"``):
 
-* ``tianji``, local policies and the inference service (``[inference] count`` M = 1, 2;
-  ``[actors] splits`` 1, 2), controller ``relaxed``; for Pong also ``sync``, and
-  ``sampling``: the learner consumes without computing
-  (:class:`tianji.bench.algos.SamplingPPO`, controller ``unbalanced``), so the cell
-  measures the sampling path alone, against the bare ceiling;
-* ``bare``: the ceiling, the same 8 envs in a gymnasium ``AsyncVectorEnv`` stepped with
-  the same network's forward pass in one process (:mod:`tianji.bench.bare`): no learning,
-  no runtime;
-* ``sample-factory``: Sample Factory 2.1.1 APPO, 2 workers x 4 envs, learning on, run by
-  ``--peer-python`` (its own environment: :mod:`tianji.bench.sf_runner` says how to make
-  it).
+* ``tianji-defaults``: tianji's own configurations (its examples' PPO), local policies
+  and the inference service (``[inference] count`` M = 1, 2; ``[actors] splits`` 1, 2),
+  controller ``relaxed``; for Pong also ``sync``, and ``sampling``: the learner consumes
+  without computing (:class:`tianji.bench.algos.SamplingPPO`, controller ``unbalanced``),
+  so the cell measures the sampling path alone, against the bare ceiling. ``bare``, the
+  ceiling: the same 8 envs in 2 processes of 4 (as tianji's 2 actors), each stepping its
+  envs with the example network's forward pass on one torch thread
+  (:mod:`tianji.bench.bare`): no learning, no runtime, no messages;
+* ``peer-defaults``: Sample Factory 2.1.1 APPO with its own example's settings (2
+  workers x 4 envs), run by ``--peer-python`` (its own environment:
+  :mod:`tianji.bench.sf_runner` says how to make it);
+* ``equal``: a tianji cell and a Sample Factory run doing the same work
+  (:mod:`tianji.bench.throughput_work`: the same network, batches, epochs, minibatches,
+  rollout, normalizations, one learner thread, 2 env processes + 1 inference process + 1
+  learner on both). The goals quote this pair's ratio.
 
-Every cell is a fresh process. Rates are steady state: env steps counted over
-``--seconds`` after a warm-up that starts when the first env steps arrive (tianji: from
-the run's metrics rows, every 2 s). Frames are env steps x the frame skip (4 for the Atari
-preset), as Sample Factory counts them. Output: a markdown table with the ratios the
-goals name, or ``--json``; ``--out DIR`` writes ``throughput.json`` and ``throughput.md``.
+Every cell is a fresh process. Rates are steady state, over ``--seconds`` after a
+warm-up that starts when the first env steps arrive (tianji: from the run's metrics rows,
+every 2 s). Two counts per row: ``env_steps_per_s``, what the actors stepped (tianji's
+actors, the bare loop; Sample Factory reports none precise enough: null), and
+``consumed_per_s``, the agent steps the learner trained on (tianji: the learners'
+``samples_consumed``; Sample Factory: its learner's ``env_steps``; null for ``bare``).
+Frames are a count x the frame skip (4 for the Atari preset), as Sample Factory counts
+them: ``frames_per_s`` from the actors' count, ``consumed_frames_per_s`` from the
+learner's. ``model_params`` is the trainable parameter count of the network each side
+built, ``learner_threads`` the learner's torch threads, ``processes`` what computes (env,
+inference, learner processes). Output: a markdown table with the ratios the goals name,
+or ``--json``; ``--out DIR`` writes ``throughput.json`` and ``throughput.md``.
 """
 
 from __future__ import annotations
@@ -34,9 +46,10 @@ from pathlib import Path
 from typing import Any
 
 from tianji.bench.spawn import run_json_child
+from tianji.bench.throughput_work import EQUAL, sf_flags, tianji_overrides
 from tianji.bench.train import CONFIGS, machine
 
-__all__ = ["ENVS", "Cell", "plan_cells", "run_config", "steady_rate"]
+__all__ = ["ENVS", "WORKS", "Cell", "Steady", "plan_cells", "run_config", "steady_rate"]
 
 ENVS: dict[str, dict[str, Any]] = {
     "cartpole": {"id": "CartPole-v1"},
@@ -64,6 +77,11 @@ FRAGMENT = {"cartpole": 64, "pong": 128}
 LEARNER: dict[str, dict[str, Any]] = {"cartpole": {}, "pong": {"torch_threads": 2}}
 
 
+WORKS = ("tianji-defaults", "peer-defaults", "equal")
+"""A row's ``"work"``: tianji's own configurations (and the bare ceiling of them), Sample
+Factory's own example settings, or an equal-work pair (see the module docstring)."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Cell:
     """One measured configuration (a row of the report)."""
@@ -74,13 +92,27 @@ class Cell:
     inference_count: int = 0
     splits: int = 1
     mode: str = "relaxed"
+    work: str = "tianji-defaults"  # one of WORKS
 
     @property
     def label(self) -> str:
-        if self.system != "tianji":
-            return self.system
+        if self.system == "sample-factory":
+            return "sample-factory " + ("(equal work)" if self.work == "equal" else "(its example)")
+        if self.system == "bare":
+            return f"bare {WORKERS} x {ENVS_PER_WORKER} envs"
         where = "local" if self.inference == "local" else f"service M={self.inference_count}"
-        return f"tianji {where} K={self.splits} {self.mode}"
+        equal = " (equal work)" if self.work == "equal" else ""
+        return f"tianji {where} K={self.splits} {self.mode}{equal}"
+
+
+def equal_cells(env: str) -> list[Cell]:
+    """The equal-work pair of ``env``: tianji with as many inference processes as Sample
+    Factory's policy workers, and Sample Factory."""
+    m = EQUAL[env].inference_processes
+    return [
+        Cell("tianji", env, "service", m, 1, work="equal"),
+        Cell("sample-factory", env, work="equal"),
+    ]
 
 
 def plan_cells(envs: list[str], *, peer: bool, quick: bool) -> list[Cell]:
@@ -99,7 +131,8 @@ def plan_cells(envs: list[str], *, peer: bool, quick: bool) -> list[Cell]:
             cells += [Cell("tianji", env, "service", m, k, "sampling") for m, k in ((1, 2), (2, 2))]
         cells.append(Cell("bare", env))
         if peer:
-            cells.append(Cell("sample-factory", env))
+            cells += equal_cells(env)
+            cells.append(Cell("sample-factory", env, work="peer-defaults"))
     return cells
 
 
@@ -131,14 +164,30 @@ def run_config(
         data["inference"] = {"count": cell.inference_count}
     if cell.mode == "sync":  # the learner's batch: one fragment per actor
         data["algo"]["fragments_per_batch"] = WORKERS
+    if cell.work == "equal":
+        for section, settings in tianji_overrides(EQUAL[cell.env], ENVS_PER_WORKER).items():
+            data.setdefault(section, {}).update(settings)
     for section, settings in (overrides or {}).items():
         data.setdefault(section, {}).update(settings)
     return data
 
 
-def steady_rate(rows: list[dict[str, Any]], warmup: float) -> tuple[float, float, dict[str, Any]]:
-    """``(env steps/s, seconds, last row)`` over the metrics rows from ``warmup`` seconds
-    after the first row with env steps to the last row.
+@dataclasses.dataclass(frozen=True, slots=True)
+class Steady:
+    """The steady-state window of a tianji run (see :func:`steady_rate`)."""
+
+    env_steps_per_s: float
+    """What the actors stepped (the metrics rows' ``env_steps``)."""
+    consumed_per_s: float
+    """What the learners trained on (the metrics rows' ``samples_consumed``: the sum of
+    every learner's ``LearnerStat.SAMPLES_CONSUMED`` heartbeat counter)."""
+    seconds: float
+    last: dict[str, Any]
+
+
+def steady_rate(rows: list[dict[str, Any]], warmup: float) -> Steady:
+    """Both rates over the metrics rows from ``warmup`` seconds after the first row with
+    env steps to the last row (with services watched).
 
     Raises:
         ValueError: if fewer than two rows fall in that window.
@@ -151,7 +200,12 @@ def steady_rate(rows: list[dict[str, Any]], warmup: float) -> tuple[float, float
         raise ValueError(f"{len(window)} metrics rows after the warm-up: run longer")
     first, last = window[0], window[-1]
     seconds = last["t"] - first["t"]
-    return (last["env_steps"] - first["env_steps"]) / seconds, seconds, last
+    return Steady(
+        env_steps_per_s=(last["env_steps"] - first["env_steps"]) / seconds,
+        consumed_per_s=(last["samples_consumed"] - first["samples_consumed"]) / seconds,
+        seconds=seconds,
+        last=last,
+    )
 
 
 class CpuSampler:
@@ -186,6 +240,26 @@ class CpuSampler:
         return (c1 - c0) / (t1 - t0)
 
 
+def model_params(config: Any) -> int:
+    """Trainable parameters of the network the run's algorithm builds for its env (running
+    statistics are buffers, not parameters, as in Sample Factory's count)."""
+    from tianji.services.common import make_algorithm
+
+    net = make_algorithm(config, seed=config.seed, device="cpu").net
+    return sum(p.numel() for p in net.parameters() if p.requires_grad)
+
+
+def processes(config: Any) -> dict[str, int]:
+    """The processes that compute: env processes (the actors), inference services (0:
+    the actors run their own forward passes), learners."""
+    service = config.actors.inference == "service"
+    return {
+        "env": config.actors.count,
+        "inference": config.inference.count if service else 0,
+        "learner": config.learner.count,
+    }
+
+
 def _tianji_worker() -> int:
     """Run one tianji cell from ``{"config", "warmup"}`` on stdin; print its JSON row."""
     import io
@@ -200,8 +274,9 @@ def _tianji_worker() -> int:
         metrics = Path(tmp) / "metrics.jsonl"
         summary = train(config, out=io.StringIO(), metrics_path=str(metrics))
         rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    rate, seconds, last = steady_rate(rows, job["warmup"])
-    share = cpu.share(last["unix"] - seconds, last["unix"])
+    steady = steady_rate(rows, job["warmup"])
+    last = steady.last
+    share = cpu.share(last["unix"] - steady.seconds, last["unix"])
     services = summary.get("services") or {}
     inference = [s.get("counters", {}) for n, s in services.items() if n.startswith("inference")]
     rss: dict[str, float] = {}
@@ -211,8 +286,12 @@ def _tianji_worker() -> int:
     print(
         json.dumps(
             {
-                "env_steps_per_s": rate,
-                "seconds": seconds,
+                "env_steps_per_s": steady.env_steps_per_s,
+                "consumed_per_s": steady.consumed_per_s,
+                "seconds": steady.seconds,
+                "model_params": model_params(config),  # after the run: not in its window
+                "learner_threads": config.learner.torch_threads,
+                "processes": processes(config),
                 "controller_cpu_share": None if share is None else round(share, 4),
                 "max_rss_mb_by_role": rss,
                 "policy_lag_mean": (last.get("lag") or {}).get("mean"),
@@ -249,8 +328,8 @@ def measure(
         out = _run_process(cmd, json.dumps(job), budget + 180)
     elif cell.system == "bare":
         cmd = [sys.executable, "-m", "tianji.bench.bare", "--env", cell.env]
-        cmd += ["--envs", str(WORKERS * ENVS_PER_WORKER), "--seconds", str(seconds)]
-        cmd += ["--warmup", str(min(warmup, 5.0))]
+        cmd += ["--processes", str(WORKERS), "--envs", str(ENVS_PER_WORKER)]
+        cmd += ["--seconds", str(seconds), "--warmup", str(min(warmup, 5.0))]
         out = _run_process(cmd, None, budget + 120)
     else:
         assert peer_python is not None
@@ -259,7 +338,14 @@ def measure(
             cmd = [peer_python, str(runner), "--env", cell.env, "--workers", str(WORKERS)]
             cmd += ["--envs-per-worker", str(ENVS_PER_WORKER), "--seconds", str(seconds)]
             cmd += ["--warmup", str(warmup), "--train-dir", tmp]
+            if cell.work == "equal":
+                cmd.append("--sf-args=" + " ".join(sf_flags(EQUAL[cell.env])))
             out = _run_process(cmd, None, budget + 300)
+        if "consumed_per_s" in out:  # its learner's count; the rollout side's is too coarse
+            out["env_steps_per_s"] = None
+            out["peer_env_steps"] = out.pop("env_steps")
+            out["peer_frames"] = out.pop("frames")
+            out.pop("frames_per_s", None)
     if "env" in out:  # the peer's own id for the env (e.g. PongNoFrameskip-v4)
         out["peer_env"] = out.pop("env")
     if "policy_lag" in out:  # Sample Factory's mean lag, in its own units
@@ -271,28 +357,47 @@ def measure(
         "inference_count": cell.inference_count if cell.inference == "service" else 0,
         "splits": cell.splits,
         "mode": cell.mode if cell.system == "tianji" else None,
+        "work": cell.work,
         "label": cell.label,
         **out,
     }
-    if "env_steps_per_s" in row:
-        row["frames_per_s"] = row["env_steps_per_s"] * FRAME_SKIP[cell.env]
+    for rate, frames in (
+        ("env_steps_per_s", "frames_per_s"),
+        ("consumed_per_s", "consumed_frames_per_s"),
+    ):
+        value = row.setdefault(rate, None)
+        row[frames] = None if value is None else value * FRAME_SKIP[cell.env]
     return row
 
 
 def run_bench(
-    envs: list[str], seconds: float, warmup: float, peer_python: str | None, quick: bool
+    envs: list[str],
+    seconds: float,
+    warmup: float,
+    peer_python: str | None,
+    quick: bool,
+    works: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Measure every cell (progress on stderr); the report as JSON data (its goals are
-    added by :func:`tianji.bench.throughput_report.goals`)."""
+    """Measure every cell (only those of ``works``, default all; progress on stderr); the
+    report as JSON data (its goals are added by
+    :func:`tianji.bench.throughput_report.goals`)."""
     cells = plan_cells(envs, peer=peer_python is not None, quick=quick)
+    cells = [c for c in cells if works is None or c.work in works]
     rows = []
     for i, cell in enumerate(cells, 1):
         started = time.monotonic()
         print(f"[{i}/{len(cells)}] {cell.env}: {cell.label} ...", file=sys.stderr, flush=True)
         row = measure(cell, seconds, warmup, peer_python)
-        rate = row.get("env_steps_per_s")
         took = time.monotonic() - started
-        shown = f"{rate:,.0f} env steps/s" if rate is not None else f"error: {row['error']}"
+        shown = (
+            f"error: {row['error']}"
+            if "error" in row
+            else ", ".join(
+                f"{row[key]:,.0f} {name}/s"
+                for key, name in (("env_steps_per_s", "env steps"), ("consumed_per_s", "consumed"))
+                if row.get(key) is not None
+            )
+        )
         print(f"    {shown} ({took:.0f} s)", file=sys.stderr, flush=True)
         rows.append(row)
     return {
