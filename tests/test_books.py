@@ -424,3 +424,24 @@ def test_replay_books_count_draws_apart_from_the_identity() -> None:
     assert b["balanced"], b["errors"]
     assert b["hops"]["buffer->learner"]["unit"] == "draws" and b["consumed"] == 256
     assert b["buffered"] == 256 and b["in_flight"] == 0
+
+
+def test_books_taken_while_a_senders_report_lags_its_receivers_still_close() -> None:
+    """Mid-run the heartbeats are not taken at one instant: a buffer may report a fragment
+    (and a learner a batch) before the sender's next report says it sent it."""
+    run = Run()
+    run.step(2)
+    stale = {a.name: a.heartbeat() for a in run.actors}
+    stale_buffer = run.buffer.heartbeat()
+    run.step(2)  # received downstream, not yet in the senders' reports
+    beats = run.heartbeats()
+    beats.update(stale)
+    b = books(beats)
+    assert b["balanced"], b["errors"]
+    assert b["produced_unreported"] == 4 * FRAGMENT and b["in_flight"] == 0
+    beats = run.heartbeats()
+    beats["buffer-0"] = stale_buffer  # the learner has batches this report does not show sent
+    b = books(beats)
+    assert b["balanced"], b["errors"]
+    assert b["hops"]["buffer->learner"]["sent"] == b["hops"]["buffer->learner"]["received"]
+    assert b["taken_unreported"] == 2 * BATCH and b["buffered"] == 0, b

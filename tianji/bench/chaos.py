@@ -43,7 +43,7 @@ from typing import Any
 
 from tianji.bench.chaos_run import ChaosRun, start_logged
 
-__all__ = ["killable_roles", "run_chaos", "summarize_kills"]
+__all__ = ["final_books", "killable_roles", "run_chaos", "summarize_kills"]
 
 SHM_DIR = Path("/dev/shm")
 
@@ -181,11 +181,35 @@ def run_chaos(
         "metrics_rows": len(metric_rows),
         "unbalanced_rows": unbalanced,
         "summary_balanced": (summary.get("accounting") or {}).get("balanced"),
+        **final_books(summary),
         "leftover_processes": leftovers,
         "leftover_shm": sorted(shm_after - shm_before),
         "rss_growth_mb": _growth(found["rss_first"], found["rss_end"]),
         "rss_growth_second_half_mb": _growth(found["rss_mid"], found["rss_end"]),
         "rss_per_minute_mb": found["rss_series"],
+    }
+
+
+def final_books(summary: dict[str, Any]) -> dict[str, Any]:
+    """What the run's final books say: ``in_flight`` after its drain (and the drain's
+    report), the restart losses split into what dead services held at their last report
+    and what the survivors' stream numbers show was sent to or by them after it, and every
+    dead incarnation's loss by name."""
+    books = summary.get("accounting") or {}
+    by_name: dict[str, int] = {}
+    for name, service in (summary.get("services") or {}).items():
+        held = service.get("counters", {}).get("dropped/lost_in_restart", 0)
+        if held:
+            by_name[name] = by_name.get(name, 0) + held
+    for hop in (books.get("hops") or {}).values():
+        for name, n in (hop.get("lost_in_restart_by") or {}).items():
+            by_name[name] = by_name.get(name, 0) + n
+    return {
+        "final_in_flight": books.get("in_flight"),
+        "drain": books.get("drain"),
+        "lost_in_restart_split": books.get("lost_in_restart"),
+        "lost_in_restart_by_incarnation": dict(sorted(by_name.items())),
+        "books_errors": books.get("errors"),
     }
 
 
@@ -390,7 +414,10 @@ def markdown(report: dict[str, Any]) -> str:
         f"{report['exit_code']})",
         f"- accounting balanced in every metrics row: {not report['unbalanced_rows']} "
         f"({report['metrics_rows']} rows; unbalanced at t = {report['unbalanced_rows'][:5]}); "
-        f"summary: {report['summary_balanced']}",
+        f"summary: {report['summary_balanced']}; final in flight: "
+        f"{report.get('final_in_flight')} (drain: {report.get('drain')}); lost in restarts "
+        f"{report.get('lost_in_restart_split')}, by incarnation: "
+        f"{report.get('lost_in_restart_by_incarnation')}",
         f"- leftover processes: {report['leftover_processes']}, leftover /dev/shm files: "
         f"{report['leftover_shm']}",
         f"- backend: {report['backend']}; cuts of the actors' host's link: "

@@ -19,9 +19,10 @@ only ever *sent by one end minus received by the other*, per stream; each servic
 books (what came in = what it holds + sent on + dropped) are checked on their own; and a
 restart is settled from the survivors' counts: what was sent to a dead receiver after its
 last report (up to where the next incarnation joined the stream) is ``lost_in_restart``
-(``derived``), what it held at its last report also (``reported``); what a dead sender
-sent after its last report is seen at the receiver and counted as sent (and as produced,
-``produced_unreported``, for a dead actor). So a loss anywhere shows as a named drop or as
+(``derived``), what it held at its last report also (``reported``); what a sender sent
+after its last report (a dead one's last report is its last word; a live one's may lag the
+receiver's) is seen at the receiver and counted as sent: by an actor, as produced
+(``produced_unreported``); by a buffer, as no longer buffered (``taken_unreported``). So a loss anywhere shows as a named drop or as
 ``balanced: false`` with the reason in ``errors``, never as a larger ``in_flight``.
 """
 
@@ -174,7 +175,8 @@ class _Hop:
     pending: int = 0  # sent towards a dead receiver, its successor not joined yet
     duplicates: int = 0
     unnumbered: int = 0  # received without stream numbers (hand-made events)
-    sent_unreported: dict[str, int] = dataclasses.field(default_factory=dict)
+    late_live: dict[str, int] = dataclasses.field(default_factory=dict)  # sent after report
+    late_dead: dict[str, int] = dataclasses.field(default_factory=dict)  # ... by dead senders
     lost_by_dead: dict[str, int] = dataclasses.field(default_factory=dict)
     live_in_flight: dict[str, int] = dataclasses.field(default_factory=dict)
 
@@ -192,6 +194,8 @@ class _Hop:
             out["pending_restart"] = self.pending
         if self.live_in_flight:
             out["in_flight_by_link"] = dict(sorted(self.live_in_flight.items()))
+        if self.lost_by_dead:
+            out["lost_in_restart_by"] = dict(sorted(self.lost_by_dead.items()))
         return out
 
 
@@ -246,20 +250,22 @@ def _hop(
         segs = sorted(segments.get(stream, []))
         top = max((nxt for _, nxt, _, _ in segs), default=0)
         sent = max(reported, top)
-        if top > reported and sender_dead:  # a live sender's heartbeat may just lag
-            _add(hop.sent_unreported, sender, top - reported)
+        if top > reported:  # sent after its last report (seen at the receiver)
+            _add(hop.late_dead if sender_dead else hop.late_live, sender, top - reported)
         hop.sent += sent
         at = 0  # up to where the stream is accounted for
+        before = sender  # the receiver before this one on the stream (none: the sender)
         for first, nxt, receiver, _dead_receiver in segs:
-            if first > at:  # sent to an earlier (dead) receiver after its last report
+            if first > at:  # sent to the receiver before after its last report: lost there
                 hop.lost_in_restart += first - at
-                _add(hop.lost_by_dead, receiver, first - at)
+                _add(hop.lost_by_dead, before, first - at)
             elif first < at:
                 errors.append(
                     f"{receiver}: joined stream {stream} of {sender} at {first}, "
                     f"before {at} where an earlier receiver had it"
                 )
             at = max(at, nxt)
+            before = receiver
         tail = sent - at
         if not tail:
             continue
@@ -322,8 +328,9 @@ def accounting(
 ) -> dict[str, Any]:
     """Where every produced sample went, from both ends of every hop.
 
-    On-policy: ``produced + produced_unreported + restored = consumed + buffered + held +
-    dropped + in_flight + sending``; off-policy (replay samples are drawn, not taken; the
+    On-policy: ``produced + produced_unreported + restored = consumed + buffered -
+    taken_unreported + held + dropped + in_flight + sending`` (``*_unreported``: what a
+    sender's last report does not show sent yet, seen at its receiver); off-policy (replay samples are drawn, not taken; the
     buffer -> learner hop carries draws and stays out of the identity):
     ``produced + produced_unreported + restored = buffered + dropped + in_flight +
     sending``. ``balanced`` also needs every service's own books and every hop's to close;
@@ -355,7 +362,7 @@ def accounting(
     reported_restart = dropped.get("lost_in_restart", 0)
     derived = first.lost_in_restart
     # a dead buffer's sends after its last report left what it held (counted lost): not lost
-    outbound = sum(second.sent_unreported.values()) if on_policy else 0
+    outbound = sum(second.late_dead.values()) if on_policy else 0
     if on_policy:
         derived += second.lost_in_restart
     restart_total = reported_restart + derived - outbound
@@ -364,10 +371,13 @@ def accounting(
     if not dropped.get("lost_in_restart", 1):
         del dropped["lost_in_restart"]
     produced = _total(by_role["actor"], ActorStat.SAMPLES_PRODUCED)
-    unreported = sum(first.sent_unreported.values())
+    unreported = sum(first.late_dead.values()) + sum(first.late_live.values())
     restored = _total(by_role["buffer"], BufferStat.SAMPLES_RESTORED)
     consumed = _total(by_role["learner"], LearnerStat.SAMPLES_CONSUMED)
     buffered = _total(by_role["buffer"], BufferStat.BUFFERED_SAMPLES, gauge=True)
+    # on-policy, a live buffer's batches that reached a learner after its last report
+    # (still in its reported ``buffered``)
+    taken_unreported = sum(second.late_live.values()) if on_policy else 0
     sending = _total(by_role["actor"], ActorStat.SENDING, gauge=True)
     in_flight = first.in_flight + first.pending
     if on_policy:
@@ -387,7 +397,8 @@ def accounting(
             )
     if restart_total < 0:
         errors.append(f"lost_in_restart is negative ({restart_total})")
-    accounted = (consumed if on_policy else 0) + buffered + held + sum(dropped.values())
+    accounted = (consumed if on_policy else 0) + buffered - taken_unreported + held
+    accounted += sum(dropped.values())
     accounted += in_flight + sending
     if produced + unreported + restored != accounted:
         errors.append(
@@ -400,6 +411,7 @@ def accounting(
         "restored": restored,
         "consumed": consumed,
         "buffered": buffered,
+        "taken_unreported": taken_unreported,
         "held": held,
         "sending": sending,
         "dropped": dropped,
