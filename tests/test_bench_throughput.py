@@ -233,3 +233,18 @@ def test_a_bench_child_gives_its_last_json_line_or_its_exit_code_and_last_words(
     assert failed.result is None
     assert failed.error is not None and failed.error.startswith("exit 1:")
     assert "the env blew up" in failed.error
+
+
+def test_a_brief_plan_keeps_the_quoted_rows_of_each_env() -> None:
+    from tianji.bench.throughput import plan_cells
+
+    cells = plan_cells(["cartpole", "pong"], peer=True, quick=False, brief=True)
+    for env in ("cartpole", "pong"):
+        mine = [(c.system, c.work) for c in cells if c.env == env]
+        assert mine == [
+            ("tianji", "tianji-defaults"),
+            ("bare", "tianji-defaults"),
+            ("tianji", "equal"),
+            ("sample-factory", "equal"),
+            ("sample-factory", "peer-defaults"),
+        ]

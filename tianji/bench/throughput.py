@@ -115,14 +115,18 @@ def equal_cells(env: str) -> list[Cell]:
     ]
 
 
-def plan_cells(envs: list[str], *, peer: bool, quick: bool) -> list[Cell]:
-    """The cells of one run, per env in order (see the module docstring)."""
+def plan_cells(
+    envs: list[str], *, peer: bool, quick: bool, brief: bool = False
+) -> list[Cell]:
+    """The cells of one run, per env in order (see the module docstring); ``brief``: of
+    tianji's own cells only the local one (the rows the README quotes)."""
     cells: list[Cell] = []
     for env in envs:
         cells.append(Cell("tianji", env))
         variants = [(1, 1), (2, 2)] if quick else [(1, 1), (1, 2), (2, 1), (2, 2)]
-        cells += [Cell("tianji", env, "service", m, k) for m, k in variants]
-        if env == "pong" and not quick:
+        if not brief:
+            cells += [Cell("tianji", env, "service", m, k) for m, k in variants]
+        if env == "pong" and not quick and not brief:
             cells += [
                 Cell("tianji", env, mode="sync"),
                 Cell("tianji", env, "service", 1, 2, "sync"),
@@ -377,11 +381,12 @@ def run_bench(
     peer_python: str | None,
     quick: bool,
     works: list[str] | None = None,
+    brief: bool = False,
 ) -> dict[str, Any]:
     """Measure every cell (only those of ``works``, default all; progress on stderr); the
     report as JSON data (its goals are added by
     :func:`tianji.bench.throughput_report.goals`)."""
-    cells = plan_cells(envs, peer=peer_python is not None, quick=quick)
+    cells = plan_cells(envs, peer=peer_python is not None, quick=quick, brief=brief)
     cells = [c for c in cells if works is None or c.work in works]
     rows = []
     for i, cell in enumerate(cells, 1):

@@ -152,7 +152,7 @@ def _cmd(args: argparse.Namespace) -> int:
     seconds = args.seconds if args.seconds is not None else (10.0 if args.quick else 60.0)
     warmup = args.warmup if args.warmup is not None else (5.0 if args.quick else 20.0)
     peer = None if args.quick else args.peer_python
-    report = run_bench(names, seconds, warmup, peer, args.quick, works)
+    report = run_bench(names, seconds, warmup, peer, args.quick, works, args.brief)
     report["goals"] = goals(report["rows"])
     table = markdown(report)
     return finish_report(report, table, "throughput", args.out, args.json)
@@ -188,6 +188,12 @@ def add_parser(bench: Any) -> None:
         "--quick",
         action="store_true",
         help="CartPole, 3 tianji cells and the bare ceiling, 10 s each, no peer (CI)",
+    )
+    b.add_argument(
+        "--brief",
+        action="store_true",
+        help="per env only tianji's local cell, the bare ceiling, the equal-work pair and "
+        "Sample Factory's own settings (the rows the README quotes)",
     )
     b.add_argument("--out", metavar="DIR", help="write throughput.json and throughput.md here")
     b.add_argument("--json", action="store_true", help="print the JSON report, not the table")
