@@ -6,10 +6,11 @@ under ``tianji serve --restart``: :mod:`tianji.bench.chaos_hosts`) trains for
 ``--minutes`` minutes; after ``--warmup`` seconds, every ``--every`` seconds one running
 service of a restartable role (actors, inference services, buffers, evaluation workers, the
 parameter service, and the learner when ``[recovery] learner = "resume"``; never the
-controller or the monitor) chosen at random (``--seed``) gets SIGKILL. Every role gets
-``--restarts`` restarts per service. With hosts, ``--cut-every S`` also takes the actors'
-host off the network for ``--cut-seconds`` every S seconds. At the end the run is stopped
-cleanly (SIGTERM) and the report says:
+controller or the monitor) chosen at random (``--seed``) gets SIGKILL. Every service keeps
+the run's own restart limit (``[recovery] restarts`` within ``period_s``), so the chaos
+checks it too, unless ``--restarts N`` sets N for every role. With hosts, ``--cut-every S``
+also takes the actors' host off the network for ``--cut-seconds`` every S seconds. At the
+end the run is stopped cleanly (SIGTERM) and the report says:
 
 * kills, how many of them came back (restart latency per role: p50 and max, from the kill to
   the new incarnation's first heartbeat) and the samples lost per kill
@@ -118,7 +119,7 @@ def run_chaos(
     minutes: float,
     warmup: float,
     seed: int,
-    restarts: int,
+    restarts: int | None,
     sets: list[str],
     out: Path,
     backend: str = "local",
@@ -132,7 +133,8 @@ def run_chaos(
     rng = random.Random(seed)
     out.mkdir(parents=True, exist_ok=True)
     shm_before = set(os.listdir(SHM_DIR)) if SHM_DIR.is_dir() else set()
-    budget = [f"recovery.restarts.{r}={restarts}" for r in killable_roles(learner_resumes)]
+    roles = killable_roles(learner_resumes)
+    budget = [] if restarts is None else [f"recovery.restarts.{r}={restarts}" for r in roles]
     seconds = warmup + minutes * 60 + 120
     if backend == "hosts":
         from tianji.bench.chaos_hosts import start_hosts
@@ -418,7 +420,12 @@ def add_parser(bench: Any) -> None:
     b.add_argument("--minutes", type=float, default=10.0, help="minutes of kills (10)")
     b.add_argument("--warmup", type=float, default=20.0, help="seconds before the first (20)")
     b.add_argument("--seed", type=int, default=0, help="which services are picked (0)")
-    b.add_argument("--restarts", type=int, default=1000, help="restarts per service (1000)")
+    b.add_argument(
+        "--restarts",
+        type=int,
+        help="restarts per service within [recovery] period_s (default: the run's own "
+        "[recovery] restarts, so the chaos tests the run's limits; e.g. 1000: no limit)",
+    )
     b.add_argument(
         "--backend",
         choices=["local", "ray", "hosts"],

@@ -67,8 +67,16 @@ def add_deploy_parsers(sub: Any) -> None:
         type=int,
         default=0,
         metavar="N",
-        help="start the service again when it dies, up to N times (default 0: its death "
-        'is final); a learner needs [recovery] learner = "resume"',
+        help="start the service again when it dies, up to N times within any "
+        "--restart-period seconds (default 0: its death is final); a learner needs "
+        '[recovery] learner = "resume"',
+    )
+    p.add_argument(
+        "--restart-period",
+        type=float,
+        metavar="S",
+        help="seconds over which --restart counts restarts (default: the run's [recovery] "
+        "period_s, 90; inf: the whole run)",
     )
     _add_security_options(p)
     p.set_defaults(func=_cmd_serve)
@@ -103,4 +111,10 @@ def _cmd_serve(args: Any) -> int:
         advertise=args.advertise,
         local=args.local,
     )
-    return serve(spec, config_digest(config), restarts=args.restart, config=config)
+    return serve(
+        spec,
+        config_digest(config),
+        restarts=args.restart,
+        restart_period=args.restart_period,
+        config=config,
+    )

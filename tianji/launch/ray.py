@@ -18,11 +18,12 @@ Placement and addresses:
   one process).
 
 A dead actor (``ray.kill``, a crashed or killed worker process, a lost node) is a dead
-service, exactly as a dead child process is locally: within the run's restart budget
-(:class:`~tianji.launch.base.RestartPolicy`, ``[recovery]``) tianji starts a new actor for
+service, exactly as a dead child process is locally: within the run's restart limit
+(:class:`~tianji.launch.base.RestartPolicy`, ``[recovery]``: N restarts within any T
+seconds) tianji starts a new actor for
 it, named ``tianji-<run>-<service>-r<k>`` for its k-th restart, with the same accounting
 (``restarts``, ``dropped/lost_in_restart``) and the same preparation (a learner resumes from
-the newest checkpoint, a buffer from its replay snapshot); beyond the budget it ends the run:
+the newest checkpoint, a buffer from its replay snapshot); beyond the limit it ends the run:
 the others are stopped and :class:`~tianji.runtime.errors.ServiceFailed` names it. Ray's own
 actor restarts stay off (``max_restarts=0``): a Ray-restarted actor would rerun the service
 without the launcher's preparation or counts. Every actor of the run is killed when the run

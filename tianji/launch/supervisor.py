@@ -2,7 +2,8 @@
 
 The supervisor runs the service in a child process (``python -m tianji.launch.worker``,
 the spec as JSON on stdin, as the local launcher starts its services) and starts it again
-when it dies — killed, crashed or failed — up to ``restarts`` times, after
+when it dies — killed, crashed or failed — up to ``restarts`` times within any ``period``
+seconds (:class:`~tianji.launch.base.RestartWindow`, as the launcher counts them), after
 :func:`~tianji.launch.base.restart_delay` (``backoff`` seconds, doubled over deaths in a
 row that came less than ``stable_after`` seconds after a start, at most ``backoff_max``).
 
@@ -14,12 +15,13 @@ local launcher restarts. The controller's host waits ``rejoin_timeout`` seconds 
 service that left, so a restart must come back within that.
 
 The supervisor ends (with the child's code) when the service stopped cleanly (0: the run
-ended), when the controller refused it (2: another run config), or when its budget is
-spent (1). SIGTERM / SIGINT are passed to the child, which drains and stops.
+ended), when the controller refused it (2: another run config), or when it died with
+``restarts`` restarts already within the last ``period`` seconds (1). SIGTERM / SIGINT are
+passed to the child, which drains and stops.
 
 Usage::
 
-    code = run(supervise(spec, digest="...", restarts=3, out=sys.stdout))
+    code = run(supervise(spec, digest="...", restarts=6, period=90.0, out=sys.stdout))
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-from tianji.launch.base import RestartPolicy, restart_delay
+from tianji.launch.base import RestartPolicy, RestartWindow, restart_delay
 from tianji.launch.spec import ServiceSpec
 
 __all__ = ["serving_pids", "supervise"]
@@ -82,17 +84,22 @@ async def supervise(
     digest: str,
     restarts: int,
     *,
+    period: float,
     out: TextIO = sys.stdout,
     backoff: float = 1.0,
     prepare: Prepare | None = None,
 ) -> int:
     """Run ``spec`` in a child process and restart it when it dies (module docstring).
 
+    Args:
+        restarts: restarts it may have within any ``period`` seconds.
+
     Returns:
         0 after a clean stop, 2 when the controller refused the service, 1 when it died
-        with no restart left.
+        with ``restarts`` restarts within the last ``period`` seconds already.
     """
-    policy = RestartPolicy(budget=lambda s: restarts, backoff=backoff)
+    policy = RestartPolicy(limit=lambda s: restarts, period=period, backoff=backoff)
+    window = RestartWindow(period)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     child: asyncio.subprocess.Process | None = None
@@ -118,9 +125,10 @@ async def supervise(
             if stopping.is_set():  # told to stop, and it did not stop cleanly
                 return 1
             why = f"exited with code {code}"
-            if done >= restarts:
+            if not window.admit(time.monotonic(), restarts):
                 print(
-                    f"tianji serve: {spec.name} {why}; no restart left (--restart {restarts})",
+                    f"tianji serve: {spec.name} {why}; {window.refusal(restarts)} "
+                    f"(--restart {restarts} --restart-period {period:g})",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -128,7 +136,8 @@ async def supervise(
             delay, quick = restart_delay(policy, time.monotonic() - born, quick)
             done += 1
             print(
-                f"tianji serve: {spec.name} {why}; restart {done} of {restarts} in {delay:.1f} s",
+                f"tianji serve: {spec.name} {why}; restart {done} ({len(window.times)} of at "
+                f"most {restarts} within {period:g} s) in {delay:.1f} s",
                 file=out,
                 flush=True,
             )
