@@ -28,8 +28,8 @@ Goal (issue 22): one kill every 10 s for 10 min on the PPO example with ``learne
 
 from __future__ import annotations
 
-import contextlib
 import json
+import logging
 import os
 import random
 import signal
@@ -45,6 +45,8 @@ from typing import Any
 from tianji.bench.chaos_run import ChaosRun, start_logged
 
 __all__ = ["killable_roles", "run_chaos", "summarize_kills"]
+
+log = logging.getLogger(__name__)
 
 SHM_DIR = Path("/dev/shm")
 
@@ -64,7 +66,8 @@ def _status(url: str) -> dict[str, Any]:
 def _rss_mb(pid: int) -> float | None:
     try:
         text = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
+    except OSError as exc:  # it is gone: no RSS
+        log.debug("pid %d: %r", pid, exc)
         return None
     for line in text.splitlines():
         if line.startswith("VmRSS:"):
@@ -75,15 +78,14 @@ def _rss_mb(pid: int) -> float | None:
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except PermissionError as exc:  # another user's process under that pid: alive
+        log.debug("pid %d: %r", pid, exc)
         return True
-    # a zombie is dead for our purpose
-    with contextlib.suppress(OSError):
-        if "State:\tZ" in Path(f"/proc/{pid}/status").read_text():
-            return False
-    return True
+    except OSError as exc:  # no such process (or it went between the two calls)
+        log.debug("pid %d: %r", pid, exc)
+        return False
+    return "State:\tZ" not in status  # a zombie is dead for our purpose
 
 
 def summarize_kills(kills: list[dict[str, Any]]) -> dict[str, Any]:
@@ -197,13 +199,15 @@ def _stop(run: ChaosRun) -> int | None:
         run.proc.send_signal(signal.SIGTERM)
     try:
         code = run.proc.wait(timeout=120)
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as exc:
+        log.warning("the run did not stop: %s; killing it", exc)
         run.proc.kill()
         code = run.proc.wait()
     for sup in run.supervisors:  # they end when the controller tells their services to stop
         try:
             sup.wait(timeout=60)
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as exc:
+            log.warning("a supervisor did not stop: %s; killing it", exc)
             sup.kill()
     run.pump.wait(timeout=30)
     run.log.close()
@@ -247,7 +251,8 @@ def _kill_loop(
     while time.monotonic() < deadline:
         try:
             status = _status(url)
-        except OSError:  # the run ended (or its dashboard is busy): the report says which
+        except OSError as exc:  # the run ended (or its dashboard is busy): the report says which
+            log.debug("no status: %r", exc)
             if proc.poll() is not None:
                 break
             time.sleep(0.5)
@@ -280,8 +285,10 @@ def _kill_loop(
             ]  # fmt: skip
             if candidates:
                 victim = rng.choice(sorted(candidates, key=lambda s: s["name"]))
-                with contextlib.suppress(ProcessLookupError):
+                try:
                     os.kill(victim["pid"], signal.SIGKILL)
+                except ProcessLookupError as exc:  # it died on its own meanwhile
+                    log.debug("%s already gone: %r", victim["name"], exc)
                 kill = {
                     "t": round(now - began, 1),
                     "service": victim["name"],
@@ -301,8 +308,10 @@ def _kill_loop(
         run.cut(True)
     settle = time.monotonic() + 60  # let the last kills come back (backoff <= 30 s)
     while pending and time.monotonic() < settle and proc.poll() is None:
-        with contextlib.suppress(OSError):
+        try:
             status = _status(url)
+        except OSError as exc:  # busy or gone: settle with the last status
+            log.debug("no status: %r", exc)
         _settle(pending, {s["name"]: s for s in status["services"]}, time.monotonic())
         time.sleep(0.25)
     killed = {k["service"] for k in kills}
@@ -362,8 +371,11 @@ def _growth(first: dict[str, float | None], end: dict[str, float | None]) -> dic
 def _wait(url: str, ok: Any, timeout: float) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while True:
-        with contextlib.suppress(OSError):
+        try:
             body = _status(url)
+        except OSError as exc:  # not up yet
+            log.debug("no status yet: %r", exc)
+        else:
             if ok(body):
                 return body
         if time.monotonic() > deadline:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import dataclasses
 import logging
 import signal
@@ -24,7 +23,7 @@ from tianji.launch.spec import ServiceSpec
 from tianji.runtime.controller import Controller, ControllerPlugin
 from tianji.runtime.errors import ConfigError, ServiceFailed
 from tianji.runtime.events import ServiceReported
-from tianji.runtime.loop import run
+from tianji.runtime.loop import finished_within, run
 from tianji.runtime.service import Service, ServiceOptions
 
 __all__ = [
@@ -198,8 +197,7 @@ class ServiceTask:
         return -9 if self.task.cancelled() else self.task.result()
 
     async def wait(self) -> int | None:
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.shield(self.task)
+        await asyncio.wait({self.task})  # its end, however it ended (our own cancel raises)
         return self.returncode
 
     def signal(self, sig: signal.Signals) -> None:
@@ -338,8 +336,10 @@ class Launcher:
         ctl_task = asyncio.create_task(self.controller.run())
         loop = asyncio.get_running_loop()
         stop_signal = asyncio.Event()
-        with contextlib.suppress(NotImplementedError, RuntimeError):
+        try:
             loop.add_signal_handler(signal.SIGTERM, stop_signal.set)
+        except (NotImplementedError, RuntimeError) as exc:  # not the main thread, or Windows
+            log.debug("SIGTERM not watched: %r", exc)
         reason = "interrupted"
         watching = False  # every service was started; then Ctrl-C stops the run cleanly too
         local: list[ServiceTask] = []
@@ -358,8 +358,10 @@ class Launcher:
             if reason == "timeout":
                 raise TimeoutError(f"run {self.controller.run_id} timed out after {self.timeout}s")
         finally:
-            with contextlib.suppress(NotImplementedError, RuntimeError):
+            try:
                 loop.remove_signal_handler(signal.SIGTERM)
+            except (NotImplementedError, RuntimeError) as exc:  # it was never added
+                log.debug("SIGTERM handler not removed: %r", exc)
             clean = reason in ("complete", "terminated") or (watching and reason == "interrupted")
             if self.before_stop is not None and clean:
                 try:
@@ -371,9 +373,17 @@ class Launcher:
                 child.signal(signal.SIGTERM)
                 await child.wait()
             self.controller.stop(reason)
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(ctl_task, self.grace)
+            await self._controller_ended(ctl_task)
         return reason, codes
+
+    async def _controller_ended(self, ctl_task: asyncio.Task[None]) -> None:
+        """Wait (``grace`` s) for the stopped controller; say so if it failed or hung."""
+        done, _ = await asyncio.wait({ctl_task}, timeout=self.grace)
+        if not done:
+            log.warning("the controller did not stop within %.1f s: cancelled", self.grace)
+            ctl_task.cancel()
+        elif not ctl_task.cancelled() and ctl_task.exception() is not None:
+            log.error("the controller failed", exc_info=ctl_task.exception())
 
     async def _watch(self, stop_signal: asyncio.Event, started: float) -> str:
         """Return why the run ends: complete, failed NAME ..., timeout or terminated.
@@ -524,15 +534,22 @@ class Launcher:
         """Restarts cut off by the end of the run: a process already spawned is kept in
         ``children`` so that it is stopped with the others."""
         for task, name in restarting.items():
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                self.children[name] = await task
+            await asyncio.wait({task})
+            if task.cancelled():  # cut off before its process was spawned
+                continue
+            if task.exception() is not None:
+                log.warning("%s: restart failed: %r", name, task.exception())
+                continue
+            self.children[name] = task.result()
 
     async def _stop_all(self, reason: str) -> dict[str, int | None]:
         """Shutdown -> SIGTERM -> SIGKILL; returns every service's exit code."""
         alive = [c for c in self.children.values() if c.returncode is None]
         if alive:
-            with contextlib.suppress(Exception):
+            try:
                 await asyncio.wait_for(self.controller.shutdown_all(reason), self.grace)
+            except Exception as exc:  # the signals below stop them all the same
+                log.warning("Shutdown (%s) did not reach every service: %r", reason, exc)
             for sig in (None, signal.SIGTERM, signal.SIGKILL):
                 alive = [c for c in alive if c.returncode is None]
                 if not alive:
@@ -541,8 +558,7 @@ class Launcher:
                     log.warning("sending %s to %s", sig.name, [c.spec.name for c in alive])
                     for child in alive:
                         child.signal(sig)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.gather(*(c.wait() for c in alive)), self.grace)
+                await finished_within(asyncio.gather(*(c.wait() for c in alive)), self.grace)
         return {n: c.returncode for n, c in self.children.items()}
 
 

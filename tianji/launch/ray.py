@@ -38,7 +38,6 @@ Usage::
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import os
@@ -151,8 +150,10 @@ class ServiceActor:
                 self._stop_reason = reason
             loop, service = self._loop, self._service
         if loop is not None and service is not None:
-            with contextlib.suppress(RuntimeError):  # the loop is closed: it has stopped
+            try:
                 loop.call_soon_threadsafe(service.stop, reason)
+            except RuntimeError as exc:  # the loop is closed: it has stopped
+                log.debug("stop (%s): %r", reason, exc)
 
 
 async def _serve(actor: ServiceActor, service: Service) -> None:
@@ -205,8 +206,10 @@ class _RayActor:
             self.actor.stop.remote(f"signal {sig.name}")
 
     def kill(self) -> None:
-        with contextlib.suppress(Exception):  # already gone, or Ray is shutting down
+        try:
             self._ray.kill(self.actor, no_restart=True)
+        except Exception as exc:  # already gone, or Ray is shutting down
+            log.debug("%s: ray.kill: %r", self.spec.name, exc)
 
 
 def _first_line(exc: BaseException) -> str:

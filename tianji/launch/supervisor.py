@@ -27,9 +27,9 @@ Usage::
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
+import logging
 import os
 import re
 import signal
@@ -40,8 +40,11 @@ from typing import TextIO
 
 from tianji.launch.base import RestartPolicy, RestartWindow, restart_delay
 from tianji.launch.spec import ServiceSpec
+from tianji.runtime.loop import wait_set
 
 __all__ = ["serving_pids", "supervise"]
+
+log = logging.getLogger(__name__)
 
 Prepare = Callable[[ServiceSpec, int], ServiceSpec]
 """The spec of restart ``k`` (e.g. a learner told to wait for its checkpoint)."""
@@ -107,8 +110,10 @@ async def supervise(
     def stop(sig: signal.Signals) -> None:
         stopping.set()
         if child is not None and child.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
+            try:
                 child.send_signal(signal.SIGTERM)
+            except ProcessLookupError as exc:  # it has just exited: its code says how
+                log.debug("%s: SIGTERM: %r", spec.name, exc)
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop, sig)
@@ -141,9 +146,7 @@ async def supervise(
                 file=out,
                 flush=True,
             )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stopping.wait(), delay)
-            if stopping.is_set():
+            if await wait_set(stopping, delay):
                 return 0
             current = prepare(spec, done) if prepare is not None else dataclasses.replace(spec)
     finally:

@@ -565,12 +565,13 @@ def check_value(key: str, value: Any, hint: Any) -> Any:
     """Check ``value`` against a field annotation; ints are accepted for floats."""
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
+        last: ConfigError | None = None
         for option in typing.get_args(hint):
             try:
                 return check_value(key, value, option)
-            except ConfigError:
-                continue
-        raise ConfigError(key, value, str(hint))
+            except ConfigError as exc:  # the next option may fit
+                last = exc
+        raise ConfigError(key, value, str(hint)) from last
     if hint is Any:
         return value
     if hint is type(None):

@@ -39,6 +39,7 @@ import dataclasses
 import hashlib
 import ipaddress
 import json
+import logging
 import os
 import signal
 import sys
@@ -68,6 +69,8 @@ __all__ = [
     "serve_spec",
 ]
 
+log = logging.getLogger(__name__)
+
 
 def config_digest(config: RunConfig) -> str:
     """What must be equal between the controller's and every service's config."""
@@ -91,7 +94,8 @@ def _is_loopback(host: str) -> bool:
         return True
     try:
         return ipaddress.ip_address(host).is_loopback
-    except ValueError:
+    except ValueError as exc:  # a host name other than localhost
+        log.debug("%s: %s", host, exc)
         return False
 
 
