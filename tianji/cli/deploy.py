@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from tianji.cli.train import add_run_options, config_from_args
+from tianji.rl.config import RESTART_PERIOD_S
 from tianji.run.deploy import (
     apply_security_options,
     config_digest,
@@ -76,7 +77,7 @@ def add_deploy_parsers(sub: Any) -> None:
         type=float,
         metavar="S",
         help="seconds over which --restart counts restarts (default: the run's [recovery] "
-        "period_s, 90; inf: the whole run)",
+        f"period_s, {RESTART_PERIOD_S:g}; inf: the whole run)",
     )
     _add_security_options(p)
     p.set_defaults(func=_cmd_serve)

@@ -21,7 +21,7 @@ passed to the child, which drains and stops.
 
 Usage::
 
-    code = run(supervise(spec, digest="...", restarts=6, period=90.0, out=sys.stdout))
+    code = run(supervise(spec, digest="...", restarts=5, period=50.0, out=sys.stdout))
 """
 
 from __future__ import annotations
