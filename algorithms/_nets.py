@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import math
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -44,6 +45,8 @@ __all__ = [
     "sync_gradients",
 ]
 
+log = logging.getLogger(__name__)
+
 
 def adam(params: Any, **kwargs: Any) -> torch.optim.Adam:
     """``torch.optim.Adam`` with its fused kernel where the torch build has one for the
@@ -53,7 +56,8 @@ def adam(params: Any, **kwargs: Any) -> torch.optim.Adam:
     params = list(params)
     try:
         return torch.optim.Adam(params, fused=True, **kwargs)
-    except (RuntimeError, TypeError, ValueError):
+    except (RuntimeError, TypeError, ValueError) as exc:  # no fused kernel for this device
+        log.debug("fused Adam unavailable (%s): the per-tensor one", exc)
         return torch.optim.Adam(params, **kwargs)
 
 

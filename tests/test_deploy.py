@@ -15,7 +15,14 @@ from tests.test_service_pubsub import Collector, arrays, running, until
 from tianji.launch.hosts import HostLauncher
 from tianji.launch.local import run_local
 from tianji.run.config import load_config
-from tianji.run.deploy import config_digest, listen_where, require_token, route_source, serve_spec
+from tianji.run.deploy import (
+    config_digest,
+    listen_where,
+    require_token,
+    route_source,
+    serve,
+    serve_spec,
+)
 from tianji.runtime.controller import Controller
 from tianji.runtime.errors import ConfigError, ServiceFailed
 from tianji.runtime.events import ArraysPublished
@@ -81,6 +88,10 @@ def test_serve_names_an_unknown_role_or_index() -> None:
     )
     assert (spec.name, spec.advertise, spec.local_bind) == ("actor-1", "10.0.0.2", "")
     assert spec.options["index"] == 1
+    with pytest.raises(ConfigError, match=r"--restart-period.*0"):
+        serve(spec, "", restarts=2, restart_period=0, config=config)
+    with pytest.raises(ConfigError, match=r"--restart.*-1"):
+        serve(spec, "", restarts=-1, config=config)
 
 
 def test_serve_listens_where_the_controller_can_reach_it_and_refuses_a_loopback_pair() -> None:
@@ -187,7 +198,7 @@ def test_a_service_with_another_config_or_the_wrong_token_is_refused_and_exits_2
         out, _ = odd.communicate(timeout=60)
         assert odd.returncode == 2, out
         assert "refused" in out and "differs from the controller's" in out
-        assert "restart 1 of 2" not in out, out  # a refusal is final, even with --restart
+        assert "restart 1 (" not in out, out  # a refusal is final, even with --restart
         started = time.monotonic()
         intruder = tianji("serve", "actor", PPO, "--controller", f"tcp://127.0.0.1:{port}",
                           env={"TIANJI_TOKEN": "wrong"})  # fmt: skip
@@ -202,9 +213,12 @@ def test_a_service_with_another_config_or_the_wrong_token_is_refused_and_exits_2
     assert "auth_failed" in ctl_out and "different token" in ctl_out
 
 
-def test_serve_restart_brings_a_killed_service_back_until_its_budget_is_spent() -> None:
-    """``tianji serve --restart 1``: the supervisor starts the service again after a kill;
-    after a second kill no restart is left and it exits 1, naming the budget."""
+def test_serve_restart_brings_a_killed_service_back_until_its_limit_is_reached(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``tianji serve --restart 1 --restart-period 600``: the supervisor starts the service
+    again after a kill; a second kill within 600 s finds the limit reached and it exits 1,
+    naming the limit and the period."""
     from tianji.launch.spec import ServiceSpec
     from tianji.launch.supervisor import serving_pids, supervise
 
@@ -222,7 +236,8 @@ def test_serve_restart_brings_a_killed_service_back_until_its_budget_is_spent() 
         return serving_pids("\n".join(lines))
 
     async def main() -> int:
-        task = asyncio.create_task(supervise(spec, "", 1, out=Out(), backoff=0.1))  # type: ignore[arg-type]
+        out = Out()
+        task = asyncio.create_task(supervise(spec, "", 1, period=600, out=out, backoff=0.1))  # type: ignore[arg-type]
         for incarnation in (1, 2):
             await until(lambda n=incarnation: len(pids()) >= n, timeout=30)
             os.kill(pids()[-1], 9)
@@ -230,7 +245,11 @@ def test_serve_restart_brings_a_killed_service_back_until_its_budget_is_spent() 
 
     assert asyncio.run(main()) == 1
     assert len(set(pids())) == 2, lines
-    assert any("exited with code -9; restart 1 of 1 in 0.1 s" in x for x in lines), lines
+    assert any(
+        "exited with code -9; restart 1 (1 of at most 1 within 600 s) in 0.1 s" in x for x in lines
+    ), lines
+    err = capsys.readouterr().err
+    assert "no restart: 1 restart within 600 s is its limit (--restart 1" in err, err
 
 
 class _Registry(dict):  # type: ignore[type-arg]

@@ -1,5 +1,5 @@
-"""Dead services: restarts within a budget, a dead learner's stop or resume, and the
-accounting across incarnations."""
+"""Dead services: restarts within a limit per period, a dead learner's stop or resume, and
+the accounting across incarnations."""
 
 from __future__ import annotations
 
@@ -60,9 +60,20 @@ def test_recovery_settings_are_checked_naming_the_key() -> None:
         load_config(PPO, ['recovery.buffer="snapshot"'])  # no replay snapshots
     with pytest.raises(ConfigError, match=r"recovery\.learner"):
         load_config(PPO, ['recovery.learner="resume"', "checkpoint.every_seconds=0"])
-    assert RecoveryConfig(restarts={"actor": 5}).budget("actor") == 5
-    assert RecoveryConfig().budget("buffer") == 3 and RecoveryConfig().budget("params") == 3
-    assert RecoveryConfig().budget("learner") == 0  # a learner dies or resumes: [recovery] learner
+    with pytest.raises(ConfigError, match=r"recovery\.period_s.*-1"):
+        load_config(PPO, ["recovery.period_s=-1"])
+    with pytest.raises(ConfigError, match=r"recovery\.period_s"):
+        RecoveryConfig(period_s=float("nan"))
+    with pytest.raises(ConfigError, match=r"recovery\.period_s"):
+        load_config(PPO, ['recovery.period_s="1m"'])
+    # the table form of restarts still means N per role; left-out roles keep the default
+    one_role = load_config(PPO, ["recovery.restarts={actor = 3}", "recovery.period_s=120"])
+    assert one_role.recovery.limit("actor") == 3 and one_role.recovery.period_s == 120.0
+    assert one_role.recovery.limit("buffer") == 5 and RecoveryConfig().limit("params") == 5
+    assert RecoveryConfig().period_s == 50.0
+    assert RecoveryConfig(period_s=float("inf")).period_s == float("inf")  # the whole run
+    assert RecoveryConfig().limit("learner") == 0  # a learner dies or resumes: [recovery] learner
+    assert RecoveryConfig(learner="resume", restarts={"learner": 2}).limit("learner") == 2
     assert ServiceSpec(name="actor-12", factory="m:f").role == "actor"
     assert ServiceSpec(name="learner-0", factory="m:f", role="learner").role == "learner"
     assert ServiceSpec(name="my-probe-0", factory="m:f", role="producer").role == "producer"
@@ -460,10 +471,11 @@ def test_a_silent_actor_the_params_service_and_an_eval_worker_are_restarted(
 
 
 def test_the_restart_backoff_doubles_in_a_crash_loop_and_resets_after_a_stable_run() -> None:
-    policy = RestartPolicy(budget=lambda spec: 100, backoff=1.0, backoff_max=30.0)
+    policy = RestartPolicy(limit=lambda spec: 100, period=50.0, backoff=1.0, backoff_max=30.0)
     quick, delays = 0, []
     for _ in range(7):  # each incarnation dies 2 s after its start
         delay, quick = restart_delay(policy, 2.0, quick)
         delays.append(delay)
     assert delays == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
     assert restart_delay(policy, 45.0, quick) == (1.0, 1)  # it had lived past stable_after
+    assert restart_delay(policy, 2.0, 5000)[0] == 30.0  # hours of crash loop: no overflow

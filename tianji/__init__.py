@@ -4,11 +4,13 @@ Start with :mod:`tianji.runtime.core` (the vocabulary), then :mod:`tianji.runtim
 :mod:`tianji.runtime.service`.
 """
 
+import logging
 from importlib.metadata import PackageNotFoundError, version
 
 try:
     __version__ = version("tianji")
-except PackageNotFoundError:  # running from a source tree without an install
+except PackageNotFoundError as exc:  # running from a source tree without an install
+    logging.getLogger(__name__).debug("%r: version 0.0.0+source", exc)
     __version__ = "0.0.0+source"
 
 __all__ = ["__version__"]

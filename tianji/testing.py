@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
 import os
 import signal
 import socket
@@ -20,6 +20,8 @@ __all__ = [
     "processes_with_arg",
     "run_async",
 ]
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -50,13 +52,15 @@ def processes_with_arg(*args: str) -> list[int]:
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
-        with contextlib.suppress(OSError):
+        try:
             cmdline = (entry / "cmdline").read_bytes().split(b"\0")
             words = [w.decode(errors="replace") for w in cmdline]
             if _contains_run(words, list(args)):
                 state = (entry / "stat").read_text().split(")")[-1].split()[0]
                 if state != "Z":
                     found.append(int(entry.name))
+        except OSError as exc:  # it ended while we looked
+            log.debug("pid %s: %r", entry.name, exc)
     return found
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import array
 import asyncio
-import contextlib
 import logging
 import os
 import socket
@@ -291,9 +290,12 @@ class ShmConnection:
     # ------------------------------------------------------------------ socket events
     def _doorbell(self) -> None:
         if self._sock is not None:
-            # full: the peer has wake-ups pending; gone: our reader sees the EOF
-            with contextlib.suppress(OSError):
+            try:
                 self._sock.send(DOORBELL, socket.MSG_NOSIGNAL)
+            except BlockingIOError:  # full: the peer has wake-ups pending
+                return
+            except OSError as exc:  # gone: our reader sees the EOF
+                log.debug("%s: doorbell: %r", self.peer, exc)
 
     def _on_readable(self) -> None:
         if self._sock is None:
@@ -394,8 +396,10 @@ class ShmConnection:
     def _close_socket(self) -> None:
         sock, self._sock = self._sock, None
         if sock is not None:
-            with contextlib.suppress(RuntimeError, ValueError, OSError):  # loop closed already
+            try:
                 self._loop.remove_reader(sock.fileno())
+            except (RuntimeError, ValueError, OSError) as exc:  # loop closed already
+                log.debug("%s: remove_reader: %r", self.peer, exc)
             sock.close()
         for fd in self._hello_fds:
             os.close(fd)

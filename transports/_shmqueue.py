@@ -18,7 +18,7 @@ The fence is an uncontended lock acquire/release: a locked read-modify-write on 
 from __future__ import annotations
 
 import collections
-import contextlib
+import logging
 import threading
 from collections.abc import Callable, Generator
 
@@ -50,6 +50,8 @@ from tianji.runtime.core import Limits
 from tianji.runtime.errors import BadFrame
 
 __all__ = ["RingReader", "RingWriter", "ShmLease", "layout"]
+
+log = logging.getLogger(__name__)
 
 _fence_lock = threading.Lock()
 _acquire, _release = _fence_lock.acquire, _fence_lock.release
@@ -257,8 +259,10 @@ class ShmLease:
             self._reader._release_leases()
             self._reader = None
         for frame in self.frames:
-            with contextlib.suppress(BufferError):  # an ndarray still wraps it
+            try:
                 frame.release()
+            except BufferError as exc:  # an ndarray still wraps it: it goes with that
+                log.debug("frame kept: %r", exc)
 
     def __enter__(self) -> list[memoryview]:
         return self.frames

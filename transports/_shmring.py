@@ -31,7 +31,6 @@ payload>`` (``size``: the record's bytes, a multiple of 64):
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import mmap
 import os
@@ -162,8 +161,10 @@ class Ring:
         """Unmap, unless a lease still views the ring (then the mapping goes with it)."""
         for view in (self.hdr, self.data, self._view):
             view.release()
-        with contextlib.suppress(BufferError):
+        try:
             self.mm.close()
+        except BufferError as exc:  # a lease still views it: the mapping goes with that
+            log.debug("ring mapping kept while leased: %r", exc)
 
 
 def sweep_stale_segments(directory: str = SHM_DIR) -> list[str]:
@@ -175,7 +176,8 @@ def sweep_stale_segments(directory: str = SHM_DIR) -> list[str]:
     removed: list[str] = []
     try:
         names = os.listdir(directory)
-    except OSError:
+    except OSError as exc:  # no shm directory here: nothing to sweep
+        log.debug("%s: %r", directory, exc)
         return removed
     for name in names:
         if not name.startswith(PREFIX):
@@ -186,9 +188,12 @@ def sweep_stale_segments(directory: str = SHM_DIR) -> list[str]:
         started = int(parts[1]) if len(parts) >= 3 and parts[1].isdigit() else None
         if _alive(int(parts[0]), started):
             continue
-        with contextlib.suppress(FileNotFoundError, PermissionError):
+        try:
             os.unlink(os.path.join(directory, name))
-            removed.append(name)
+        except (FileNotFoundError, PermissionError) as exc:  # swept by another, or not ours
+            log.debug("%s: %r", name, exc)
+            continue
+        removed.append(name)
     if removed:
         log.info("removed %d stale shm segment(s): %s", len(removed), ", ".join(removed))
     return removed
@@ -197,7 +202,8 @@ def sweep_stale_segments(directory: str = SHM_DIR) -> list[str]:
 def _proc_stat(pid: int) -> list[bytes] | None:
     try:
         raw = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
+    except OSError as exc:  # gone
+        log.debug("pid %d: %r", pid, exc)
         return None
     return raw.rsplit(b")", 1)[1].split()  # fields 3.. (state, ppid, ...): comm may hold spaces
 

@@ -341,8 +341,10 @@ class TcpConnection:
             transport.write_eof()
         try:
             await asyncio.wait_for(asyncio.shield(self._p.lost), self.close_timeout)
-        except TimeoutError:
-            log.warning("%s did not close within %.1fs; closing", self.peer, self.close_timeout)
+        except TimeoutError as exc:
+            log.warning(
+                "%s did not close within %.1fs (%r); closing", self.peer, self.close_timeout, exc
+            )
             transport.close()
 
     def abort(self) -> None:
@@ -401,9 +403,11 @@ class TcpListener:
             return
         try:
             self._pending.put_nowait(TcpConnection(proto), 1)
-        except TianjiError:
+        except TianjiError as exc:
             self.refused += 1
-            log.warning("refusing connection from %s: accept queue full or closed", proto.peer)
+            log.warning(
+                "refusing connection from %s: accept queue full or closed: %s", proto.peer, exc
+            )
             if proto.transport is not None:
                 proto.transport.abort()
 

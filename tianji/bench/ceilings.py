@@ -13,8 +13,8 @@ They move the payload bytes with that tiny header only: no tianji codec, no even
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
+import logging
 import socket
 import threading
 import time
@@ -27,6 +27,8 @@ from tianji.bench.peer import HEADER, Job, zmq_hwm
 from tianji.bench.spawn import spawn_peer
 
 __all__ = ["measure_memcpy", "measure_pyzmq", "measure_raw_socket"]
+
+log = logging.getLogger(__name__)
 
 ZMQ_STALL_TIMEOUT_MS = 5_000  # a peer that takes no message for this long has gone
 ZMQ_LINGER_MS = 10_000
@@ -96,8 +98,10 @@ async def measure_raw_socket(payload_bytes: int, settings: Settings) -> Throughp
                     sending = asyncio.to_thread(_send_raw, sock, payload, seconds)
                     await peer.guard(sending, seconds + RESULT_TIMEOUT, "sending")
                 except BaseException:
-                    with contextlib.suppress(OSError):  # wakes the sending thread
+                    try:  # wakes the sending thread
                         sock.shutdown(socket.SHUT_RDWR)
+                    except OSError as exc:  # not connected any more: it is awake
+                        log.debug("shutdown: %r", exc)
                     raise
             return Throughput.from_json(await peer.result(RESULT_TIMEOUT))
 

@@ -6,10 +6,11 @@ under ``tianji serve --restart``: :mod:`tianji.bench.chaos_hosts`) trains for
 ``--minutes`` minutes; after ``--warmup`` seconds, every ``--every`` seconds one running
 service of a restartable role (actors, inference services, buffers, evaluation workers, the
 parameter service, and the learner when ``[recovery] learner = "resume"``; never the
-controller or the monitor) chosen at random (``--seed``) gets SIGKILL. Every role gets
-``--restarts`` restarts per service. With hosts, ``--cut-every S`` also takes the actors'
-host off the network for ``--cut-seconds`` every S seconds. At the end the run is stopped
-cleanly (SIGTERM) and the report says:
+controller or the monitor) chosen at random (``--seed``) gets SIGKILL. Every service keeps
+the run's own restart limit (``[recovery] restarts`` within ``period_s``), so the chaos
+checks it too, unless ``--restarts N`` sets N for every role. With hosts, ``--cut-every S``
+also takes the actors' host off the network for ``--cut-seconds`` every S seconds. At the
+end the run is stopped cleanly (SIGTERM) and the report says:
 
 * kills, how many of them came back (restart latency per role: p50 and max, from the kill to
   the new incarnation's first heartbeat) and the samples lost per kill
@@ -27,8 +28,8 @@ Goal (issue 22): one kill every 10 s for 10 min on the PPO example with ``learne
 
 from __future__ import annotations
 
-import contextlib
 import json
+import logging
 import os
 import random
 import signal
@@ -44,6 +45,8 @@ from typing import Any
 from tianji.bench.chaos_run import ChaosRun, start_logged
 
 __all__ = ["final_books", "killable_roles", "run_chaos", "summarize_kills"]
+
+log = logging.getLogger(__name__)
 
 SHM_DIR = Path("/dev/shm")
 
@@ -63,7 +66,8 @@ def _status(url: str) -> dict[str, Any]:
 def _rss_mb(pid: int) -> float | None:
     try:
         text = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
+    except OSError as exc:  # it is gone: no RSS
+        log.debug("pid %d: %r", pid, exc)
         return None
     for line in text.splitlines():
         if line.startswith("VmRSS:"):
@@ -74,15 +78,14 @@ def _rss_mb(pid: int) -> float | None:
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except PermissionError as exc:  # another user's process under that pid: alive
+        log.debug("pid %d: %r", pid, exc)
         return True
-    # a zombie is dead for our purpose
-    with contextlib.suppress(OSError):
-        if "State:\tZ" in Path(f"/proc/{pid}/status").read_text():
-            return False
-    return True
+    except OSError as exc:  # no such process (or it went between the two calls)
+        log.debug("pid %d: %r", pid, exc)
+        return False
+    return "State:\tZ" not in status  # a zombie is dead for our purpose
 
 
 def summarize_kills(kills: list[dict[str, Any]]) -> dict[str, Any]:
@@ -118,7 +121,7 @@ def run_chaos(
     minutes: float,
     warmup: float,
     seed: int,
-    restarts: int,
+    restarts: int | None,
     sets: list[str],
     out: Path,
     backend: str = "local",
@@ -132,7 +135,8 @@ def run_chaos(
     rng = random.Random(seed)
     out.mkdir(parents=True, exist_ok=True)
     shm_before = set(os.listdir(SHM_DIR)) if SHM_DIR.is_dir() else set()
-    budget = [f"recovery.restarts.{r}={restarts}" for r in killable_roles(learner_resumes)]
+    roles = killable_roles(learner_resumes)
+    budget = [] if restarts is None else [f"recovery.restarts.{r}={restarts}" for r in roles]
     seconds = warmup + minutes * 60 + 120
     if backend == "hosts":
         from tianji.bench.chaos_hosts import start_hosts
@@ -219,13 +223,15 @@ def _stop(run: ChaosRun) -> int | None:
         run.proc.send_signal(signal.SIGTERM)
     try:
         code = run.proc.wait(timeout=120)
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as exc:
+        log.warning("the run did not stop: %s; killing it", exc)
         run.proc.kill()
         code = run.proc.wait()
     for sup in run.supervisors:  # they end when the controller tells their services to stop
         try:
             sup.wait(timeout=60)
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as exc:
+            log.warning("a supervisor did not stop: %s; killing it", exc)
             sup.kill()
     run.pump.wait(timeout=30)
     run.log.close()
@@ -269,7 +275,8 @@ def _kill_loop(
     while time.monotonic() < deadline:
         try:
             status = _status(url)
-        except OSError:  # the run ended (or its dashboard is busy): the report says which
+        except OSError as exc:  # the run ended (or its dashboard is busy): the report says which
+            log.debug("no status: %r", exc)
             if proc.poll() is not None:
                 break
             time.sleep(0.5)
@@ -302,8 +309,10 @@ def _kill_loop(
             ]  # fmt: skip
             if candidates:
                 victim = rng.choice(sorted(candidates, key=lambda s: s["name"]))
-                with contextlib.suppress(ProcessLookupError):
+                try:
                     os.kill(victim["pid"], signal.SIGKILL)
+                except ProcessLookupError as exc:  # it died on its own meanwhile
+                    log.debug("%s already gone: %r", victim["name"], exc)
                 kill = {
                     "t": round(now - began, 1),
                     "service": victim["name"],
@@ -323,8 +332,10 @@ def _kill_loop(
         run.cut(True)
     settle = time.monotonic() + 60  # let the last kills come back (backoff <= 30 s)
     while pending and time.monotonic() < settle and proc.poll() is None:
-        with contextlib.suppress(OSError):
+        try:
             status = _status(url)
+        except OSError as exc:  # busy or gone: settle with the last status
+            log.debug("no status: %r", exc)
         _settle(pending, {s["name"]: s for s in status["services"]}, time.monotonic())
         time.sleep(0.25)
     killed = {k["service"] for k in kills}
@@ -384,8 +395,11 @@ def _growth(first: dict[str, float | None], end: dict[str, float | None]) -> dic
 def _wait(url: str, ok: Any, timeout: float) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while True:
-        with contextlib.suppress(OSError):
+        try:
             body = _status(url)
+        except OSError as exc:  # not up yet
+            log.debug("no status yet: %r", exc)
+        else:
             if ok(body):
                 return body
         if time.monotonic() > deadline:
@@ -445,7 +459,12 @@ def add_parser(bench: Any) -> None:
     b.add_argument("--minutes", type=float, default=10.0, help="minutes of kills (10)")
     b.add_argument("--warmup", type=float, default=20.0, help="seconds before the first (20)")
     b.add_argument("--seed", type=int, default=0, help="which services are picked (0)")
-    b.add_argument("--restarts", type=int, default=1000, help="restarts per service (1000)")
+    b.add_argument(
+        "--restarts",
+        type=int,
+        help="restarts per service within [recovery] period_s (default: the run's own "
+        "[recovery] restarts, so the chaos tests the run's limits; e.g. 1000: no limit)",
+    )
     b.add_argument(
         "--backend",
         choices=["local", "ray", "hosts"],

@@ -34,7 +34,7 @@ def start_hosts(
     sets: list[str],
     out: Path,
     seconds: float,
-    restarts: int,
+    restarts: int | None,
     learner_resumes: bool,
 ) -> ChaosRun:
     """Build the two hosts, start the controller and every service; the run to torment.
@@ -46,7 +46,8 @@ def start_hosts(
     from tianji.run.config import load_config
     from tianji.run.plan import RunPlan
 
-    specs = RunPlan.build(load_config(config, sets)).specs
+    run_config = load_config(config, sets)
+    specs = RunPlan.build(run_config).specs
     bridge = Bridge(2)
     bridge.create()
     supervisors: list[subprocess.Popen[bytes]] = []
@@ -67,7 +68,8 @@ def start_hosts(
             serve = [*bridge.prefix(host), sys.executable, "-m", "tianji", "serve", spec.role]
             serve += [config, "--index", index, "--controller", controller, *given]
             if spec.role != "learner" or learner_resumes:
-                serve += ["--restart", str(restarts)]
+                limit = run_config.recovery.limit(spec.role) if restarts is None else restarts
+                serve += ["--restart", str(limit)]
             with (out / f"{spec.name}.log").open("wb") as sink:
                 supervisors.append(
                     subprocess.Popen(serve, stdout=sink, stderr=subprocess.STDOUT, env=env)

@@ -248,8 +248,10 @@ def _cmd(args: Any) -> int:
             raise ConfigError("--algos", a, " | ".join(ALGOS))
     try:
         lags = tuple(int(x) for x in args.lags.split(",") if x)
-    except ValueError:
-        lags = ()
+    except ValueError as exc:
+        raise ConfigError(
+            "--lags", args.lags, "comma-separated integers >= 0, e.g. 1,2,4,8"
+        ) from exc
     if not lags or min(lags) < 0:
         raise ConfigError("--lags", args.lags, "comma-separated integers >= 0, e.g. 1,2,4,8")
     if args.max_seconds <= 0:

@@ -9,11 +9,13 @@ only link down or up; ``destroy()`` kills what runs inside and removes everythin
 
 from __future__ import annotations
 
-import contextlib
+import logging
 import os
 import subprocess
 
 __all__ = ["Bridge", "NetnsError"]
+
+log = logging.getLogger(__name__)
 
 
 class NetnsError(RuntimeError):
@@ -111,8 +113,10 @@ class Bridge:
                 ["ip", "netns", "pids", ns], capture_output=True, text=True
             ).stdout.split()
             for pid in pids:
-                with contextlib.suppress(ProcessLookupError, ValueError):
+                try:
                     os.kill(int(pid), 9)
+                except (ProcessLookupError, ValueError) as exc:  # gone, or not a pid
+                    log.debug("netns %s: pid %r: %r", ns, pid, exc)
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
     @staticmethod

@@ -25,10 +25,10 @@ Like the launcher's workers, the peer dies with its parent (``PR_SET_PDEATHSIG``
 from __future__ import annotations
 
 import argparse
-import contextlib
 import ctypes
 import dataclasses
 import json
+import logging
 import os
 import signal
 import socket
@@ -51,6 +51,8 @@ from tianji.runtime.links import RECV_BATCH, ZERO_COPY_MIN_BYTES
 from tianji.runtime.loop import run
 
 __all__ = ["HEADER", "STAMP", "Job", "main", "receive_events", "receive_latency", "zmq_hwm"]
+
+log = logging.getLogger(__name__)
 
 HEADER = struct.Struct("<q")
 """The ceilings' tiny header: the payload length (raw-socket) or sequence number (pyzmq)."""
@@ -247,8 +249,10 @@ def _pyzmq(job: Job) -> dict[str, Any]:
 # ------------------------------------------------------------------------------- main
 def _die_with_parent(parent_pid: int) -> None:
     if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):  # EOF or a timeout still ends us
+        try:
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        except (OSError, AttributeError) as exc:  # EOF or a timeout still ends us
+            log.debug("prctl: %r", exc)
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         sys.exit(1)
 

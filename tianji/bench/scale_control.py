@@ -27,8 +27,8 @@ Measured, after every service registered and a warm-up, over a window of ``secon
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
+import logging
 import os
 import resource
 import sys
@@ -42,6 +42,8 @@ from tianji.bench.measure import percentile
 from tianji.bench.spawn import start_json_child
 
 __all__ = ["ROLES", "SIM_PROCESSES", "measure_control", "roles_of"]
+
+log = logging.getLogger(__name__)
 
 SIM_PROCESSES = 2
 JOIN_TIMEOUT = 600.0
@@ -188,8 +190,10 @@ async def _controller_main(job: dict[str, Any]) -> dict[str, Any]:
     finally:
         progress_task.cancel()
         ctl.stop("bench over")
-        with contextlib.suppress(Exception):
+        try:
             await asyncio.wait_for(task, 30)
+        except Exception as exc:  # the figures are in; say why the controller did not end well
+            log.warning("the controller's end: %r", exc)
 
 
 # ------------------------------------------------------------------------- the simulators
@@ -240,7 +244,7 @@ async def _sim_main(job: dict[str, Any]) -> dict[str, Any]:
     async def reader(sim: _Sim) -> None:
         from tianji.rl.events import PauseProduction, ResumeProduction
 
-        with contextlib.suppress(TianjiError):
+        try:
             while True:
                 got = await sim.conn.recv()
                 ev = codec.decode(got[1:])
@@ -259,6 +263,8 @@ async def _sim_main(job: dict[str, Any]) -> dict[str, Any]:
                     answered.append(sim)
                     if len(answered) == len(sims):
                         all_answered.set()
+        except TianjiError as exc:  # the controller closed the link: the bench is over
+            log.debug("%s: link closed: %r", sim.name, exc)
 
     async def join(sim: _Sim, gate: asyncio.Semaphore) -> None:
         publishes, watches = topology[sim.role]
@@ -268,7 +274,8 @@ async def _sim_main(job: dict[str, Any]) -> dict[str, Any]:
                 try:
                     sim.conn = await transport.connect(address, limits=limits)
                     break
-                except TianjiError:
+                except TianjiError as exc:
+                    log.debug("%s: connect: %r; again", sim.name, exc)
                     retries.append(sim.name)
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 2.0)
@@ -341,8 +348,10 @@ async def _sim_main(job: dict[str, Any]) -> dict[str, Any]:
                 queue_depths={},
                 sent_at=time.time(),
             )
-            with contextlib.suppress(TianjiError):
+            try:
                 sim.conn.send_nowait(frames(hb))
+            except TianjiError as exc:  # full or gone: this heartbeat is skipped
+                log.debug("%s: heartbeat not sent: %r", sim.name, exc)
         await asyncio.sleep(0.01)
     for sim in sims:
         sim.conn.abort()

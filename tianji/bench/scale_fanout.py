@@ -23,8 +23,8 @@ publisher sends each version once per host, the relay hands it on through its bo
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
+import logging
 import os
 import statistics
 import subprocess
@@ -38,6 +38,8 @@ import numpy as np
 from tianji.bench.spawn import start_json_child
 
 __all__ = ["PROCESSES_PER_HOST", "REPEATS", "measure_fanout"]
+
+log = logging.getLogger(__name__)
 
 PROCESSES_PER_HOST = 8
 REPEATS = 3
@@ -112,8 +114,10 @@ async def _publisher(job: dict[str, Any]) -> dict[str, Any]:
     finally:
         pub.stop("bench over")
         ctl.stop("bench over")
-        with contextlib.suppress(Exception):
+        try:
             await asyncio.wait_for(asyncio.gather(pub_task, ctl_task), 30)
+        except Exception as exc:  # the figures are in; say why a service did not end well
+            log.warning("the publisher's or controller's end: %r", exc)
 
 
 async def _subscribers(job: dict[str, Any]) -> dict[str, Any]:
@@ -258,13 +262,16 @@ def measure_fanout(subscribers: int, sizes: list[int], hosts: int = 1) -> list[d
         ]
     finally:
         for proc in procs:
-            with contextlib.suppress(Exception):
+            try:
                 if proc.stdin is not None and not proc.stdin.closed:
                     proc.stdin.close()
+            except OSError as exc:  # it died: its pipe is broken
+                log.debug("pid %d: stdin: %r", proc.pid, exc)
         for proc in procs:
             try:
                 proc.wait(15)
-            except subprocess.TimeoutExpired:
+            except subprocess.TimeoutExpired as exc:
+                log.warning("%s: killing it", exc)
                 proc.kill()
                 proc.wait()
         if bridge is not None:

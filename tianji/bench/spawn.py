@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from typing import IO, Any, TypeVar
 
 from tianji.bench.measure import BenchError, BenchTimeout
 from tianji.bench.peer import Job
+from tianji.runtime.loop import finished_within
 
 __all__ = [
     "ChildRun",
@@ -32,6 +34,8 @@ __all__ = [
     "spawn_peer",
     "start_json_child",
 ]
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 STOP_TIMEOUT = 3.0  # after SIGTERM, before SIGKILL
@@ -143,8 +147,7 @@ class Peer:
             )
             if task in done and task.exception() is not None:
                 # a broken link usually means the peer died: wait a moment for its reason
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(exited), 1.0)
+                await finished_within(asyncio.shield(exited), 1.0)
             if exited.done() and self.proc.returncode != 0:
                 raise BenchError(f"{what}: {self.failure()}")
             if task in done:
@@ -194,8 +197,10 @@ async def spawn_peer(job: Job) -> AsyncIterator[Peer]:
         try:
             assert proc.stdin is not None
             proc.stdin.write(json.dumps(job.to_json()).encode())
-            with contextlib.suppress(ConnectionError):  # a dead peer is reported by guard()
+            try:
                 await proc.stdin.drain()
+            except ConnectionError as exc:  # a dead peer is reported by guard()
+                log.debug("peer pid %d: stdin: %r", proc.pid, exc)
             proc.stdin.close()
             yield Peer(proc, stderr)
         finally:
@@ -205,11 +210,14 @@ async def spawn_peer(job: Job) -> AsyncIterator[Peer]:
 async def _stop(proc: asyncio.subprocess.Process) -> None:
     if proc.returncode is not None:
         return
-    with contextlib.suppress(ProcessLookupError):
-        proc.terminate()
     try:
-        await asyncio.wait_for(proc.wait(), STOP_TIMEOUT)
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
+        proc.terminate()
+    except ProcessLookupError as exc:  # it ended meanwhile
+        log.debug("peer pid %d: %r", proc.pid, exc)
+    if not await finished_within(proc.wait(), STOP_TIMEOUT):
+        log.warning("peer pid %d did not stop within %g s: killed", proc.pid, STOP_TIMEOUT)
+        try:
             proc.kill()
+        except ProcessLookupError as exc:
+            log.debug("peer pid %d: %r", proc.pid, exc)
         await proc.wait()

@@ -28,6 +28,7 @@ from __future__ import annotations
 # configs are the examples'; the SB3 side is tianji.bench.sb3).
 import dataclasses
 import json
+import logging
 import os
 import platform
 import statistics
@@ -39,6 +40,8 @@ from typing import Any
 from tianji.bench.spawn import run_json_child, run_training
 
 __all__ = ["CONFIGS", "TARGETS", "aggregate", "markdown", "run_bench"]
+
+log = logging.getLogger(__name__)
 
 TARGETS = {"ppo": 475.0, "dqn": 300.0}
 """CartPole-v1 targets: PPO to 475 (the env's threshold), DQN to 300 (original TianJi's)."""
@@ -325,15 +328,16 @@ def machine() -> dict[str, Any]:
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
-    except OSError:
-        pass
+    except OSError as exc:  # not Linux: platform.processor()'s answer
+        log.debug("no /proc/cpuinfo: %r", exc)
     versions: dict[str, str | None] = {}
     for pkg in ("tianji", "torch", "gymnasium", "stable_baselines3"):
         try:
             from importlib.metadata import version
 
             versions[pkg] = version(pkg.replace("_", "-"))
-        except Exception:
+        except Exception as exc:  # not installed: recorded as null
+            log.debug("%s: %r", pkg, exc)
             versions[pkg] = None
     return {
         "cpus": os.cpu_count(),
@@ -551,8 +555,10 @@ def parse_seeds(text: str) -> tuple[int, ...]:
             seeds = tuple(range(low, high + 1))
         else:
             seeds = tuple(range(int(text)))
-    except ValueError:
-        seeds = ()
+    except ValueError as exc:
+        raise ConfigError(
+            "--seeds", text, "N (seeds 0..N-1), A-B or A,B,C with seeds >= 0"
+        ) from exc
     if not seeds or min(seeds) < 0:
         raise ConfigError("--seeds", text, "N (seeds 0..N-1), A-B or A,B,C with seeds >= 0")
     return seeds
@@ -570,8 +576,8 @@ def parse_counts(flag: str, text: str) -> tuple[int | None, ...]:
         return (None,)
     try:
         counts = tuple(int(t) for t in text.split(",") if t)
-    except ValueError:
-        counts = ()
+    except ValueError as exc:
+        raise ConfigError(flag, text, "comma-separated positive integers, e.g. 1,2,4,8") from exc
     if not counts or min(counts) < 1:
         raise ConfigError(flag, text, "comma-separated positive integers, e.g. 1,2,4,8")
     return counts

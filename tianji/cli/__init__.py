@@ -65,8 +65,8 @@ def _cmd_bench_transport(args: argparse.Namespace) -> int:
 def _positive_seconds(text: str) -> float:
     try:
         value = float(text)
-    except ValueError:
-        value = math.nan
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from exc
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
     return value

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from tianji.cli.train import add_run_options, config_from_args
+from tianji.rl.config import RESTART_PERIOD_S
 from tianji.run.deploy import (
     apply_security_options,
     config_digest,
@@ -68,8 +69,16 @@ def add_deploy_parsers(sub: Any) -> None:
         type=int,
         default=0,
         metavar="N",
-        help="start the service again when it dies, up to N times (default 0: its death "
-        'is final); a learner needs [recovery] learner = "resume"',
+        help="start the service again when it dies, up to N times within any "
+        "--restart-period seconds (default 0: its death is final); a learner needs "
+        '[recovery] learner = "resume"',
+    )
+    p.add_argument(
+        "--restart-period",
+        type=float,
+        metavar="S",
+        help="seconds over which --restart counts restarts (default: the run's [recovery] "
+        f"period_s, {RESTART_PERIOD_S:g}; inf: the whole run)",
     )
     _add_security_options(p)
     p.set_defaults(func=_cmd_serve)
@@ -104,4 +113,10 @@ def _cmd_serve(args: Any) -> int:
         advertise=args.advertise,
         local=args.local,
     )
-    return serve(spec, config_digest(config), restarts=args.restart, config=config)
+    return serve(
+        spec,
+        config_digest(config),
+        restarts=args.restart,
+        restart_period=args.restart_period,
+        config=config,
+    )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -39,6 +40,8 @@ __all__ = [
     "services",
     "status",
 ]
+
+log = logging.getLogger(__name__)
 
 
 class RunMonitor(Protocol):
@@ -198,7 +201,8 @@ def _index(name: str) -> int | None:
     name without one (``monitor``)."""
     try:
         return index_of(name)
-    except ValueError:
+    except ValueError as exc:  # e.g. the monitor: a row without an index
+        log.debug("%s: %s", name, exc)
         return None
 
 

@@ -19,7 +19,6 @@ Usage (inside the loop that runs the controller)::
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -131,8 +130,9 @@ class Dashboard:
         """Stop sampling and serving (idempotent)."""
         if self._sampler is not None:
             self._sampler.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sampler
+            await asyncio.wait({self._sampler})
+            if not self._sampler.cancelled():  # it had ended before: by failing, say so
+                self._sampler.result()
             self._sampler = None
         if self._runner is not None:
             await self._runner.cleanup()

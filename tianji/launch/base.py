@@ -11,7 +11,7 @@ watch loop (complete / a service died / signal / timeout) and the ordered stop
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import collections
 import dataclasses
 import logging
 import signal
@@ -23,7 +23,7 @@ from tianji.launch.spec import ServiceSpec
 from tianji.runtime.controller import Controller, ControllerPlugin
 from tianji.runtime.errors import ConfigError, ServiceFailed
 from tianji.runtime.events import ServiceReported
-from tianji.runtime.loop import run
+from tianji.runtime.loop import finished_within, run
 from tianji.runtime.service import Service, ServiceOptions
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "Launcher",
     "Progress",
     "RestartPolicy",
+    "RestartWindow",
     "ServiceTask",
     "Until",
     "restart_delay",
@@ -48,8 +49,16 @@ BeforeStop = Callable[[Controller, str], Awaitable[None]]
 class RestartPolicy:
     """Which dead services the launcher starts again, and when.
 
+    A service may restart at most ``limit(spec)`` times within any ``period`` seconds (a
+    restart intensity, as an OTP supervisor's): a death that would be its ``limit + 1``-th
+    restart in the last ``period`` seconds ends the run (:class:`RestartWindow`). A service
+    killed now and then restarts for as long as the run lasts; one that dies right after
+    every start is stopped after ``limit`` restarts (within ``period``, given the backoff).
+
     Attributes:
-        budget: restarts a service (by its spec) may have; 0: its death ends the run.
+        limit: restarts a service (by its spec) may have within ``period``; 0: its death
+            ends the run.
+        period: seconds over which restarts are counted (``inf``: the whole run).
         backoff: seconds before a service's first restart, doubled for each further one
             in a row of quick deaths.
         backoff_max: the longest wait before a restart.
@@ -66,13 +75,51 @@ class RestartPolicy:
             from the same checkpoint); ``None`` or ``""``: on its own.
     """
 
-    budget: Callable[[ServiceSpec], int]
+    limit: Callable[[ServiceSpec], int]
+    period: float
     backoff: float = 1.0
     backoff_max: float = 30.0
     stable_after: float = 30.0
     heartbeat_timeout: float | None = None
     prepare: Callable[[ServiceSpec, int], ServiceSpec | None] | None = None
     group: Callable[[ServiceSpec], str] | None = None
+
+
+class RestartWindow:
+    """The restarts of one service within the last ``period`` seconds (pure: the caller
+    passes the clock).
+
+    Usage::
+
+        window = RestartWindow(period=60.0)
+        if not window.admit(time.monotonic(), limit=5):
+            ...  # a 6th restart within 60 s: give up, naming window.refusal(5)
+    """
+
+    def __init__(self, period: float) -> None:
+        self.period = period
+        self.times: collections.deque[float] = collections.deque()
+
+    def recent(self, now: float) -> int:
+        """Restarts admitted in ``(now - period, now]``."""
+        while self.times and self.times[0] <= now - self.period:
+            self.times.popleft()
+        return len(self.times)
+
+    def admit(self, now: float, limit: int) -> bool:
+        """Record a restart at ``now`` if fewer than ``limit`` were admitted within the
+        period before it; ``False`` (nothing recorded) when the limit is reached."""
+        if self.recent(now) >= limit:
+            return False
+        self.times.append(now)
+        return True
+
+    def refusal(self, limit: int) -> str:
+        """Why a restart was refused, naming the limit and the period."""
+        if limit == 0:
+            return "no restart: restarts are off for it"
+        within = "in the run" if self.period == float("inf") else f"within {self.period:g} s"
+        return f"no restart: {limit} restart{'s' if limit != 1 else ''} {within} is its limit"
 
 
 def restart_delay(policy: RestartPolicy, lived: float, quick_deaths: int) -> tuple[float, int]:
@@ -84,7 +131,16 @@ def restart_delay(policy: RestartPolicy, lived: float, quick_deaths: int) -> tup
         ``backoff_max``), ``k`` back to 0 when the incarnation was stable.
     """
     quick = 0 if lived >= policy.stable_after else quick_deaths
-    return min(policy.backoff * 2**quick, policy.backoff_max), quick + 1
+    # the exponent is bounded: a crash loop that runs for hours must not overflow a float
+    return min(policy.backoff * 2.0 ** min(quick, 64), policy.backoff_max), quick + 1
+
+
+class _RestartRefused(Exception):
+    """A dead service gets no restart; ``why`` (may be empty) is added to the run's end."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -141,8 +197,7 @@ class ServiceTask:
         return -9 if self.task.cancelled() else self.task.result()
 
     async def wait(self) -> int | None:
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.shield(self.task)
+        await asyncio.wait({self.task})  # its end, however it ended (our own cancel raises)
         return self.returncode
 
     def signal(self, sig: signal.Signals) -> None:
@@ -236,6 +291,7 @@ class Launcher:
         self._killed: dict[str, str] = {}  # declared dead and killed by us: why
         self._born: dict[str, float] = {}  # when each service's incarnation was spawned
         self._quick_deaths: dict[str, int] = {}  # deaths in a row, each soon after its birth
+        self._windows: dict[str, RestartWindow] = {}  # each service's recent restarts
 
     # ------------------------------------------------------------------ for subclasses
     async def _spawn(self, spec: ServiceSpec) -> Handle:
@@ -280,8 +336,10 @@ class Launcher:
         ctl_task = asyncio.create_task(self.controller.run())
         loop = asyncio.get_running_loop()
         stop_signal = asyncio.Event()
-        with contextlib.suppress(NotImplementedError, RuntimeError):
+        try:
             loop.add_signal_handler(signal.SIGTERM, stop_signal.set)
+        except (NotImplementedError, RuntimeError) as exc:  # not the main thread, or Windows
+            log.debug("SIGTERM not watched: %r", exc)
         reason = "interrupted"
         watching = False  # every service was started; then Ctrl-C stops the run cleanly too
         local: list[ServiceTask] = []
@@ -300,8 +358,10 @@ class Launcher:
             if reason == "timeout":
                 raise TimeoutError(f"run {self.controller.run_id} timed out after {self.timeout}s")
         finally:
-            with contextlib.suppress(NotImplementedError, RuntimeError):
+            try:
                 loop.remove_signal_handler(signal.SIGTERM)
+            except (NotImplementedError, RuntimeError) as exc:  # it was never added
+                log.debug("SIGTERM handler not removed: %r", exc)
             clean = reason in ("complete", "terminated") or (watching and reason == "interrupted")
             if self.before_stop is not None and clean:
                 try:
@@ -313,13 +373,21 @@ class Launcher:
                 child.signal(signal.SIGTERM)
                 await child.wait()
             self.controller.stop(reason)
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(ctl_task, self.grace)
+            await self._controller_ended(ctl_task)
         return reason, codes
+
+    async def _controller_ended(self, ctl_task: asyncio.Task[None]) -> None:
+        """Wait (``grace`` s) for the stopped controller; say so if it failed or hung."""
+        done, _ = await asyncio.wait({ctl_task}, timeout=self.grace)
+        if not done:
+            log.warning("the controller did not stop within %.1f s: cancelled", self.grace)
+            ctl_task.cancel()
+        elif not ctl_task.cancelled() and ctl_task.exception() is not None:
+            log.error("the controller failed", exc_info=ctl_task.exception())
 
     async def _watch(self, stop_signal: asyncio.Event, started: float) -> str:
         """Return why the run ends: complete, failed NAME ..., timeout or terminated.
-        Dead services within their restart budget are started again meanwhile."""
+        Dead services within their restart limit are started again meanwhile."""
         exits: dict[asyncio.Future[Any], str] = {
             asyncio.ensure_future(c.wait()): n for n, c in self.children.items()
         }
@@ -372,7 +440,7 @@ class Launcher:
         restarting: dict[asyncio.Future[Any], str],
         pending: set[asyncio.Future[Any]],
     ) -> str | None:
-        """The run's end if a service died beyond its budget; else restarts are scheduled."""
+        """The run's end if a service died beyond its restart limit; else restarts are scheduled."""
         for task in done:
             name = exits.pop(task, None)
             if name is None:
@@ -383,9 +451,10 @@ class Launcher:
             note = self._killed.pop(name, "") or child.exit_note
             note = f" ({note})" if note else ""
             why = f"exited with code {child.returncode}{note}"
-            restart = self._restart(name, why)
-            if restart is None:
-                return f"failed {name} {why}"
+            try:
+                restart = self._restart(name, why)
+            except _RestartRefused as exc:
+                return f"failed {name} {why}{exc.why}"
             restarting[restart] = name
             pending.add(restart)
             self._kill_group_of(name)
@@ -406,17 +475,26 @@ class Launcher:
                 self._killed[other] = f"restarted with {name}"
                 child.signal(signal.SIGKILL)
 
-    def _restart(self, name: str, why: str) -> asyncio.Future[Handle] | None:
-        """Schedule the next incarnation of ``name``, or ``None`` when it may not have one."""
+    def _restart(self, name: str, why: str) -> asyncio.Future[Handle]:
+        """Schedule the next incarnation of ``name``.
+
+        Raises:
+            _RestartRefused: when it may not have one (no policy, its restart limit within
+                the period reached, or ``prepare`` refused).
+        """
         policy = self.restarts
-        done = self.controller.restarts[name]
+        if policy is None:
+            raise _RestartRefused("")
         spec = self.children[name].spec
-        if policy is None or done >= policy.budget(spec):
-            return None
+        limit = policy.limit(spec)
+        window = self._windows.setdefault(name, RestartWindow(policy.period))
+        if not window.admit(time.monotonic(), limit):
+            raise _RestartRefused(f"; {window.refusal(limit)}")
+        done = self.controller.restarts[name]
         if policy.prepare is not None:
             prepared = policy.prepare(spec, done + 1)
             if prepared is None:
-                return None
+                raise _RestartRefused("")
             spec = prepared
         self.controller.retire(name)
         lived = time.monotonic() - self._born.get(name, time.monotonic())
@@ -424,7 +502,8 @@ class Launcher:
             policy, lived, self._quick_deaths.get(name, 0)
         )
         log.warning(
-            "%s %s: restart %d of %d in %.1f s", name, why, done + 1, policy.budget(spec), delay
+            "%s %s: restart %d (%d of at most %d within %g s) in %.1f s",
+            *(name, why, done + 1, len(window.times), limit, policy.period, delay),
         )
 
         async def again() -> Handle:
@@ -455,15 +534,22 @@ class Launcher:
         """Restarts cut off by the end of the run: a process already spawned is kept in
         ``children`` so that it is stopped with the others."""
         for task, name in restarting.items():
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                self.children[name] = await task
+            await asyncio.wait({task})
+            if task.cancelled():  # cut off before its process was spawned
+                continue
+            if task.exception() is not None:
+                log.warning("%s: restart failed: %r", name, task.exception())
+                continue
+            self.children[name] = task.result()
 
     async def _stop_all(self, reason: str) -> dict[str, int | None]:
         """Shutdown -> SIGTERM -> SIGKILL; returns every service's exit code."""
         alive = [c for c in self.children.values() if c.returncode is None]
         if alive:
-            with contextlib.suppress(Exception):
+            try:
                 await asyncio.wait_for(self.controller.shutdown_all(reason), self.grace)
+            except Exception as exc:  # the signals below stop them all the same
+                log.warning("Shutdown (%s) did not reach every service: %r", reason, exc)
             for sig in (None, signal.SIGTERM, signal.SIGKILL):
                 alive = [c for c in alive if c.returncode is None]
                 if not alive:
@@ -472,8 +558,7 @@ class Launcher:
                     log.warning("sending %s to %s", sig.name, [c.spec.name for c in alive])
                     for child in alive:
                         child.signal(sig)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.gather(*(c.wait() for c in alive)), self.grace)
+                await finished_within(asyncio.gather(*(c.wait() for c in alive)), self.grace)
         return {n: c.returncode for n, c in self.children.items()}
 
 

@@ -17,7 +17,6 @@ a restart by the controller (:attr:`Controller.reincarnated`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -152,10 +151,15 @@ class HostLauncher(LocalLauncher):
         Returns ``0`` for every expected service that left, ``None`` for any still there.
         """
         if any(n in self.controller.registry for n in self.expected):
-            with contextlib.suppress(Exception):
+            try:
                 await asyncio.wait_for(self.controller.shutdown_all(reason), self.grace)
-            with contextlib.suppress(TimeoutError):
+            except Exception as exc:  # those it missed are named below as still there
+                log.warning("Shutdown (%s) did not reach every service: %r", reason, exc)
+            try:
                 await self.controller.wait_until(_none_of(self.expected), self.grace)
+            except TimeoutError as exc:
+                still = [n for n in self.expected if n in self.controller.registry]
+                log.warning("still registered after %g s: %s (%r)", self.grace, still, exc)
         left = self.missing()
         return {n: (0 if n in left else None) for n in self.expected}
 

@@ -16,7 +16,6 @@ Usage::
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -59,8 +58,10 @@ class _Process:
         return await self.proc.wait()
 
     def signal(self, sig: signal.Signals) -> None:
-        with contextlib.suppress(ProcessLookupError):
+        try:
             self.proc.send_signal(sig)
+        except ProcessLookupError as exc:  # it has exited already
+            log.debug("%s: %s: %r", self.spec.name, sig.name, exc)
 
 
 class LocalLauncher(Launcher):

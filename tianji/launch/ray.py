@@ -18,11 +18,12 @@ Placement and addresses:
   one process).
 
 A dead actor (``ray.kill``, a crashed or killed worker process, a lost node) is a dead
-service, exactly as a dead child process is locally: within the run's restart budget
-(:class:`~tianji.launch.base.RestartPolicy`, ``[recovery]``) tianji starts a new actor for
+service, exactly as a dead child process is locally: within the run's restart limit
+(:class:`~tianji.launch.base.RestartPolicy`, ``[recovery]``: N restarts within any T
+seconds) tianji starts a new actor for
 it, named ``tianji-<run>-<service>-r<k>`` for its k-th restart, with the same accounting
 (``restarts``, ``dropped/lost_in_restart``) and the same preparation (a learner resumes from
-the newest checkpoint, a buffer from its replay snapshot); beyond the budget it ends the run:
+the newest checkpoint, a buffer from its replay snapshot); beyond the limit it ends the run:
 the others are stopped and :class:`~tianji.runtime.errors.ServiceFailed` names it. Ray's own
 actor restarts stay off (``max_restarts=0``): a Ray-restarted actor would rerun the service
 without the launcher's preparation or counts. Every actor of the run is killed when the run
@@ -37,7 +38,6 @@ Usage::
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import os
@@ -150,8 +150,10 @@ class ServiceActor:
                 self._stop_reason = reason
             loop, service = self._loop, self._service
         if loop is not None and service is not None:
-            with contextlib.suppress(RuntimeError):  # the loop is closed: it has stopped
+            try:
                 loop.call_soon_threadsafe(service.stop, reason)
+            except RuntimeError as exc:  # the loop is closed: it has stopped
+                log.debug("stop (%s): %r", reason, exc)
 
 
 async def _serve(actor: ServiceActor, service: Service) -> None:
@@ -204,8 +206,10 @@ class _RayActor:
             self.actor.stop.remote(f"signal {sig.name}")
 
     def kill(self) -> None:
-        with contextlib.suppress(Exception):  # already gone, or Ray is shutting down
+        try:
             self._ray.kill(self.actor, no_restart=True)
+        except Exception as exc:  # already gone, or Ray is shutting down
+            log.debug("%s: ray.kill: %r", self.spec.name, exc)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -2,7 +2,8 @@
 
 The supervisor runs the service in a child process (``python -m tianji.launch.worker``,
 the spec as JSON on stdin, as the local launcher starts its services) and starts it again
-when it dies — killed, crashed or failed — up to ``restarts`` times, after
+when it dies — killed, crashed or failed — up to ``restarts`` times within any ``period``
+seconds (:class:`~tianji.launch.base.RestartWindow`, as the launcher counts them), after
 :func:`~tianji.launch.base.restart_delay` (``backoff`` seconds, doubled over deaths in a
 row that came less than ``stable_after`` seconds after a start, at most ``backoff_max``).
 
@@ -14,20 +15,21 @@ local launcher restarts. The controller's host waits ``rejoin_timeout`` seconds 
 service that left, so a restart must come back within that.
 
 The supervisor ends (with the child's code) when the service stopped cleanly (0: the run
-ended), when the controller refused it (2: another run config), or when its budget is
-spent (1). SIGTERM / SIGINT are passed to the child, which drains and stops.
+ended), when the controller refused it (2: another run config), or when it died with
+``restarts`` restarts already within the last ``period`` seconds (1). SIGTERM / SIGINT are
+passed to the child, which drains and stops.
 
 Usage::
 
-    code = run(supervise(spec, digest="...", restarts=3, out=sys.stdout))
+    code = run(supervise(spec, digest="...", restarts=5, period=50.0, out=sys.stdout))
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
+import logging
 import os
 import re
 import signal
@@ -36,10 +38,13 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-from tianji.launch.base import RestartPolicy, restart_delay
+from tianji.launch.base import RestartPolicy, RestartWindow, restart_delay
 from tianji.launch.spec import ServiceSpec
+from tianji.runtime.loop import wait_set
 
 __all__ = ["serving_pids", "supervise"]
+
+log = logging.getLogger(__name__)
 
 Prepare = Callable[[ServiceSpec, int], ServiceSpec]
 """The spec of restart ``k`` (e.g. a learner told to wait for its checkpoint)."""
@@ -82,17 +87,22 @@ async def supervise(
     digest: str,
     restarts: int,
     *,
+    period: float,
     out: TextIO = sys.stdout,
     backoff: float = 1.0,
     prepare: Prepare | None = None,
 ) -> int:
     """Run ``spec`` in a child process and restart it when it dies (module docstring).
 
+    Args:
+        restarts: restarts it may have within any ``period`` seconds.
+
     Returns:
         0 after a clean stop, 2 when the controller refused the service, 1 when it died
-        with no restart left.
+        with ``restarts`` restarts within the last ``period`` seconds already.
     """
-    policy = RestartPolicy(budget=lambda s: restarts, backoff=backoff)
+    policy = RestartPolicy(limit=lambda s: restarts, period=period, backoff=backoff)
+    window = RestartWindow(period)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     child: asyncio.subprocess.Process | None = None
@@ -100,8 +110,10 @@ async def supervise(
     def stop(sig: signal.Signals) -> None:
         stopping.set()
         if child is not None and child.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
+            try:
                 child.send_signal(signal.SIGTERM)
+            except ProcessLookupError as exc:  # it has just exited: its code says how
+                log.debug("%s: SIGTERM: %r", spec.name, exc)
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop, sig)
@@ -118,9 +130,10 @@ async def supervise(
             if stopping.is_set():  # told to stop, and it did not stop cleanly
                 return 1
             why = f"exited with code {code}"
-            if done >= restarts:
+            if not window.admit(time.monotonic(), restarts):
                 print(
-                    f"tianji serve: {spec.name} {why}; no restart left (--restart {restarts})",
+                    f"tianji serve: {spec.name} {why}; {window.refusal(restarts)} "
+                    f"(--restart {restarts} --restart-period {period:g})",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -128,13 +141,12 @@ async def supervise(
             delay, quick = restart_delay(policy, time.monotonic() - born, quick)
             done += 1
             print(
-                f"tianji serve: {spec.name} {why}; restart {done} of {restarts} in {delay:.1f} s",
+                f"tianji serve: {spec.name} {why}; restart {done} ({len(window.times)} of at "
+                f"most {restarts} within {period:g} s) in {delay:.1f} s",
                 file=out,
                 flush=True,
             )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stopping.wait(), delay)
-            if stopping.is_set():
+            if await wait_set(stopping, delay):
                 return 0
             current = prepare(spec, done) if prepare is not None else dataclasses.replace(spec)
     finally:

@@ -31,8 +31,8 @@ def _die_with_parent(parent_pid: int) -> None:
         try:
             libc = ctypes.CDLL(None, use_errno=True)
             libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-        except (OSError, AttributeError):
-            log.debug("prctl unavailable; relying on the controller link to notice")
+        except (OSError, AttributeError) as exc:
+            log.debug("prctl unavailable (%r); relying on the controller link to notice", exc)
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         sys.exit(1)
 

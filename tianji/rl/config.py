@@ -361,6 +361,15 @@ class CheckpointConfig:
 RESTARTABLE_ROLES = ("actor", "inference", "buffer", "eval", "params")
 LEARNER_ON_DEATH = ("stop", "resume")
 BUFFER_ON_RESTART = ("empty", "snapshot")
+RESTARTS = 5
+"""Restarts a service may have within ``[recovery] period_s`` unless its role says otherwise."""
+RESTART_PERIOD_S = 50.0
+"""``[recovery] period_s``'s default. With the restart backoff (1, 2, 4, ... <= 30 s, doubled
+over deaths less than 30 s after a start), 5 restarts within 50 s survive a kill -9 of a
+random running service every 10 s (or every 7 s) for as long as the run lasts: the backoff
+keeps any one service below 6 deaths in 50 s, whatever the kills' order. A service that dies
+right after every start is stopped at its 6th death, 31 s of backoff after its first (41 s
+when each start takes 2 s); docs/architecture.md, "Faults"; benchmarks/restart_intensity.py."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -369,11 +378,16 @@ class RecoveryConfig:
     misses ``missed_heartbeats`` heartbeats in a row and is killed)."""
 
     restarts: dict[str, int] = dataclasses.field(
-        default_factory=lambda: dict.fromkeys(RESTARTABLE_ROLES, 3)
+        default_factory=lambda: dict.fromkeys(RESTARTABLE_ROLES, RESTARTS)
     )
-    """Restarts each service of a role may have, e.g. ``{actor = 5, buffer = 1}``; roles
-    left out keep 3; 0 turns restarts of the role off (its death ends the run). The
-    learner's count applies with ``learner = "resume"`` only."""
+    """Restarts each service of a role may have within ``period_s``, e.g. ``{actor = 5,
+    buffer = 1}``; roles left out keep 5; 0 turns restarts of the role off (its death ends
+    the run). The learner's count applies with ``learner = "resume"`` only. A death that
+    would be a service's next restart beyond this count within the period ends the run,
+    naming the service, the count and the period."""
+    period_s: float = RESTART_PERIOD_S
+    """Seconds over which a service's restarts are counted (a sliding window, as an OTP
+    supervisor's restart intensity); ``inf``: over the whole run."""
     backoff: float = 1.0
     """Seconds before a service's first restart; doubled for each further one that follows a
     death less than 30 s after a start (max 30 s): a crash loop backs off, a service that
@@ -397,6 +411,8 @@ class RecoveryConfig:
                 raise ConfigError(f"recovery.restarts.{role}", count, f"a role of {roles}")
             if type(count) is not int or count < 0:
                 raise ConfigError(f"recovery.restarts.{role}", count, "an int >= 0")
+        if not self.period_s > 0:  # also refuses NaN
+            raise ConfigError("recovery.period_s", self.period_s, "seconds > 0 (inf: the run)")
         if not 0 <= self.backoff <= 60:
             raise ConfigError("recovery.backoff", self.backoff, "0 .. 60 s")
         _positive("recovery", self, ("missed_heartbeats",))
@@ -405,10 +421,12 @@ class RecoveryConfig:
         if self.buffer not in BUFFER_ON_RESTART:
             raise ConfigError("recovery.buffer", self.buffer, " | ".join(BUFFER_ON_RESTART))
 
-    def budget(self, role: str) -> int:
-        """Restarts a service of ``role`` may have (the learner: 1 per death with
-        ``learner = "resume"``, unlimited deaths are not; see the launcher)."""
-        return self.restarts.get(role, 3) if role in RESTARTABLE_ROLES else 0
+    def limit(self, role: str) -> int:
+        """Restarts a service of ``role`` may have within ``period_s`` (the learner's
+        applies only with ``learner = "resume"``; otherwise its death ends the run)."""
+        if role == "learner":
+            return self.restarts.get(role, RESTARTS) if self.learner == "resume" else 0
+        return self.restarts.get(role, RESTARTS) if role in RESTARTABLE_ROLES else 0
 
 
 RUN_DIR_ENV = "TIANJI_RUN_DIR"
@@ -547,12 +565,13 @@ def check_value(key: str, value: Any, hint: Any) -> Any:
     """Check ``value`` against a field annotation; ints are accepted for floats."""
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
+        last: ConfigError | None = None
         for option in typing.get_args(hint):
             try:
                 return check_value(key, value, option)
-            except ConfigError:
-                continue
-        raise ConfigError(key, value, str(hint))
+            except ConfigError as exc:  # the next option may fit
+                last = exc
+        raise ConfigError(key, value, str(hint)) from last
     if hint is Any:
         return value
     if hint is type(None):

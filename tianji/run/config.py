@@ -5,6 +5,7 @@ overrides, built into the :class:`~tianji.rl.config.RunConfig` that every servic
 from __future__ import annotations
 
 import json
+import logging
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,6 +15,8 @@ from tianji.rl.config import RunConfig, build_dataclass
 from tianji.runtime.errors import ConfigError
 
 __all__ = ["apply_overrides", "load_config"]
+
+log = logging.getLogger(__name__)
 
 
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
@@ -44,7 +47,8 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
             raise ConfigError("--set", item, "KEY=VALUE, e.g. actors.count=4")
         try:
             value = tomllib.loads(f"v = {raw}")["v"]
-        except tomllib.TOMLDecodeError:
+        except tomllib.TOMLDecodeError as exc:  # not a TOML value: the text itself
+            log.debug("--set %s: %s; taken as the string %r", key, exc, raw)
             value = raw
         node = result
         parts = key.split(".")

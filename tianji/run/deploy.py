@@ -24,7 +24,8 @@ address of the others. The controller refuses a service whose config differs fro
 own (a digest of the run config, stop conditions and run directory aside).
 
 ``tianji serve ... --restart N`` keeps the service alive on its host: it runs in a child
-process that is started again when it dies, up to N times (:mod:`tianji.launch.supervisor`);
+process that is started again when it dies, up to N times within any ``--restart-period``
+seconds (default: the run's ``[recovery] period_s``; :mod:`tianji.launch.supervisor`);
 the controller counts each new process as a restart of the service, with the same
 accounting as a restart by the local launcher. A restarted learner (``[recovery] learner =
 "resume"``, one learner) gets the run's newest checkpoint from the controller's monitor.
@@ -38,6 +39,7 @@ import dataclasses
 import hashlib
 import ipaddress
 import json
+import logging
 import os
 import signal
 import sys
@@ -50,7 +52,7 @@ from tianji.dashboard import launch_plan
 from tianji.launch.hosts import HostLauncher
 from tianji.launch.spec import ServiceSpec, build_service
 from tianji.launch.supervisor import supervise
-from tianji.rl.config import RunConfig, to_dict
+from tianji.rl.config import RecoveryConfig, RunConfig, to_dict
 from tianji.run.plan import RunPlan
 from tianji.run.recovery import restart_policy
 from tianji.runtime.controller import REFUSED, RELAY_ROLE
@@ -66,6 +68,8 @@ __all__ = [
     "serve",
     "serve_spec",
 ]
+
+log = logging.getLogger(__name__)
 
 
 def config_digest(config: RunConfig) -> str:
@@ -90,7 +94,8 @@ def _is_loopback(host: str) -> bool:
         return True
     try:
         return ipaddress.ip_address(host).is_loopback
-    except ValueError:
+    except ValueError as exc:  # a host name other than localhost
+        log.debug("%s: %s", host, exc)
         return False
 
 
@@ -341,30 +346,47 @@ def serve(
     out: TextIO = sys.stdout,
     *,
     restarts: int = 0,
+    restart_period: float | None = None,
     config: RunConfig | None = None,
 ) -> int:
     """Run one service of a run until the controller ends it; the process exit code.
 
     With ``restarts`` > 0 the service runs in a child process that is started again when
-    it dies (:mod:`tianji.launch.supervisor`); a learner then needs ``config`` with
+    it dies, up to ``restarts`` times within any ``restart_period`` seconds (default: the
+    config's ``[recovery] period_s``; :mod:`tianji.launch.supervisor`); a learner then
+    needs ``config`` with
     ``[recovery] learner = "resume"`` (each new one waits for the run's newest checkpoint,
     which the controller's monitor sends it).
 
     Raises:
-        ConfigError: for ``restarts`` < 0, or a learner whose run cannot resume it.
+        ConfigError: for ``restarts`` < 0, a ``restart_period`` not > 0, or a learner whose
+            run cannot resume it.
     """
     if restarts < 0:
         raise ConfigError("--restart", restarts, "an int >= 0")
+    recovery = config.recovery if config is not None else RecoveryConfig()
+    period = recovery.period_s if restart_period is None else restart_period
+    if not period > 0:  # also refuses NaN
+        raise ConfigError("--restart-period", period, "seconds > 0 (inf: the whole run)")
     if restarts:
         prepare = _restart_prepare(spec, restarts, config)
         print(
             f"tianji serve: {spec.name} joining the run at {spec.controller} "
-            f"(restarted up to {restarts} times)",
+            f"(restarted up to {restarts} times within {period:g} s)",
             file=out,
             flush=True,
         )
-        backoff = config.recovery.backoff if config is not None else 1.0
-        return run(supervise(spec, digest, restarts, out=out, backoff=backoff, prepare=prepare))
+        return run(
+            supervise(
+                spec,
+                digest,
+                restarts,
+                period=period,
+                out=out,
+                backoff=recovery.backoff,
+                prepare=prepare,
+            )
+        )
     service = build_service(spec)
     service.run_digest = digest
     print(f"tianji serve: {spec.name} joining the run at {spec.controller}", file=out, flush=True)

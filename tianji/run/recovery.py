@@ -5,14 +5,16 @@ or a registered service missed ``missed_heartbeats`` heartbeats and was killed â
 the :class:`~tianji.launch.base.RestartPolicy` built here whether and how to start it again:
 
 * **actors, inference, buffers, evaluation workers and the parameter service** restart up
-  to ``restarts[role]`` times each, after
-  ``backoff * 2**k`` seconds. A restarted actor gets the current weights from the parameter
+  to ``restarts[role]`` times each within any ``period_s`` seconds (a death beyond that
+  ends the run, naming the service, the count and the period), after ``backoff * 2**k``
+  seconds. A restarted actor gets the current weights from the parameter
   service on subscription; a restarted replay buffer starts empty or from its newest replay
   snapshot (``buffer = "snapshot"``). What the dead incarnation held is counted as
   ``dropped/lost_in_restart`` (:meth:`~tianji.runtime.controller.Controller.retire`), so the run's
   accounting still closes.
 * **the learner** ends the run (``learner = "stop"``: every process stops, the CLI exits
-  non-zero naming it) or restarts from the newest checkpoint (``learner = "resume"``); its
+  non-zero naming it) or restarts from the newest checkpoint (``learner = "resume"``,
+  within ``restarts.learner`` per ``period_s`` as the others); its
   policy version continues from the highest one the run reached, so actors and the
   parameter service accept its weights. K data-parallel learners restart together: the
   death of one kills the others (:attr:`RestartPolicy.group`) and all resume from the
@@ -60,12 +62,6 @@ def restart_policy(plan: RunPlan, controller: Controller, out: TextIO) -> Restar
     """The restart policy of a planned run (see the module docstring)."""
     recovery = plan.config.recovery
 
-    def budget(spec: ServiceSpec) -> int:
-        role = spec.role
-        if role == "learner":  # restarted only to resume from a checkpoint
-            return recovery.restarts.get("learner", 3) if recovery.learner == "resume" else 0
-        return recovery.budget(role)
-
     def prepare(spec: ServiceSpec, k: int) -> ServiceSpec | None:
         role = spec.role
         if role == "learner":
@@ -78,7 +74,8 @@ def restart_policy(plan: RunPlan, controller: Controller, out: TextIO) -> Restar
         return "learners" if spec.role == "learner" and plan.config.learner.count > 1 else ""
 
     return RestartPolicy(
-        budget=budget,
+        limit=lambda spec: recovery.limit(spec.role),
+        period=recovery.period_s,
         backoff=recovery.backoff,
         heartbeat_timeout=recovery.missed_heartbeats * ServiceOptions().heartbeat_interval,
         prepare=prepare,

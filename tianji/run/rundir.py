@@ -20,11 +20,11 @@ opened before any service starts and closed on every exit path.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime
 import itertools
 import json
+import logging
 import os
 import re
 from collections.abc import Mapping
@@ -53,6 +53,8 @@ __all__ = [
     "run_name",
     "write_json_atomic",
 ]
+
+log = logging.getLogger(__name__)
 
 
 def run_name(config: RunConfig) -> str:
@@ -100,9 +102,12 @@ class RunDirectory:
             Path(root).mkdir(parents=True, exist_ok=True)
             for n in itertools.count(1):
                 path = Path(root) / (f"{name}-{stamp}" if n == 1 else f"{name}-{stamp}-{n}")
-                with contextlib.suppress(FileExistsError):
+                try:
                     path.mkdir()  # atomic: exactly one run gets each name
-                    return cls(path)
+                except FileExistsError as exc:  # taken: the next name
+                    log.debug("%r", exc)
+                    continue
+                return cls(path)
         except OSError as exc:
             why = f"a directory tianji can write ({exc})"
             raise ConfigError("run_dir", str(root), why) from None

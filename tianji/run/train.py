@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import secrets
 import sys
@@ -18,6 +19,8 @@ from tianji.run.plan import RunPlan, bind_addresses
 from tianji.runtime.errors import ConfigError, ServiceFailed
 
 __all__ = ["run_token", "train"]
+
+log = logging.getLogger(__name__)
 
 
 def train(
@@ -82,8 +85,10 @@ def _finish_failed(
     if plan.monitor is None:
         return
     plan.monitor.fail_run(str(failure))
-    with contextlib.suppress(ServiceFailed):  # finish raises it again after writing
+    try:
         plan.finish(launcher.controller, str(failure), wall, summary_path, backend)
+    except ServiceFailed as exc:  # finish raises it again after writing; our caller raises
+        log.debug("the failed run's record is written: %s", exc)
 
 
 def _launcher(backend: str, plan: RunPlan) -> Launcher:

@@ -26,7 +26,7 @@ readers keep their mappings, and their views stay valid (nobody writes there aga
 
 from __future__ import annotations
 
-import contextlib
+import logging
 import mmap
 import os
 import secrets
@@ -36,6 +36,8 @@ from pathlib import Path
 from tianji.runtime.errors import BadFrame
 
 __all__ = ["BOARD_MIN_BYTES", "SLOTS", "Board", "BoardReader", "Lease", "start_time"]
+
+log = logging.getLogger(__name__)
 
 SHM_DIR = "/dev/shm"
 PAGE = 4096
@@ -55,7 +57,8 @@ def start_time(pid: int) -> int:
     pid it names a process uniquely (a new process may reuse a pid)."""
     try:
         raw = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
+    except OSError as exc:  # gone, or no /proc: unknown
+        log.debug("pid %d: %r", pid, exc)
         return 0
     return int(raw.rsplit(b")", 1)[1].split()[19])
 
@@ -103,8 +106,10 @@ class _Segment:
         """Unmap, unless decoded events still view it (then it goes with them)."""
         self.words.release()
         self.view.release()
-        with contextlib.suppress(BufferError):
+        try:
             self.mm.close()
+        except BufferError as exc:  # decoded events still view it: it goes with them
+            log.debug("board mapping kept while viewed: %r", exc)
 
 
 class Board:
@@ -186,8 +191,10 @@ class Board:
     def close(self) -> None:
         """Remove the board file (readers keep what they mapped)."""
         if self._segment is not None:
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 os.unlink(os.path.join(SHM_DIR, self.name))
+            except FileNotFoundError as exc:  # swept already
+                log.debug("board %s: %r", self.name, exc)
             self._segment.close()
             self._segment = None
 

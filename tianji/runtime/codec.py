@@ -297,9 +297,9 @@ def _dtype(text: str) -> np.dtype[Any]:
         return dtype
     try:
         dtype = np.dtype(text)
-    except TypeError:
-        dtype = None
-    if dtype is None or dtype.kind not in _ALLOWED_KINDS or dtype.fields is not None:
+    except TypeError as exc:
+        raise BadFrame("bad_dtype", f"dtype {text!r:.40} is not a numeric dtype") from exc
+    if dtype.kind not in _ALLOWED_KINDS or dtype.fields is not None:
         raise BadFrame("bad_dtype", f"dtype {text!r:.40} is not a numeric dtype")
     if len(_DTYPES) < 256:  # bounded: a peer cannot grow it without end
         _DTYPES[text] = dtype
@@ -496,8 +496,8 @@ def _leaf_types(hint: Any) -> frozenset[type] | None:
 def _short(value: object) -> str:
     try:
         return f"{value!r:.80}"
-    except RecursionError:
-        return f"<deeply nested {type(value).__name__}>"
+    except RecursionError as exc:
+        return f"<deeply nested {type(value).__name__}: {exc}>"
 
 
 def _as_plain(value: object, depth: int) -> object:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import logging
 import os
 import resource
@@ -26,6 +25,7 @@ from tianji.runtime.events import (
     Shutdown,
     WatchTopics,
 )
+from tianji.runtime.loop import wait_set
 
 __all__ = ["CONTROL", "ControllerLink", "ServiceStat", "memory_gauges"]
 
@@ -71,7 +71,8 @@ def memory_gauges() -> dict[str, float]:
             fields = dict(line.split(b":", 1) for line in f.read().splitlines() if b":" in line)
         now = int(fields[b"VmRSS"].split()[0]) / 1024
         peak = int(fields[b"VmHWM"].split()[0]) / 1024
-    except (OSError, KeyError, ValueError):
+    except (OSError, KeyError, ValueError) as exc:  # not Linux
+        log.debug("no /proc/self/status (%r): ru_maxrss", exc)
         peak = now = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {ServiceStat.RSS_MB: round(now, 1), ServiceStat.MAX_RSS_MB: round(peak, 1)}
 
@@ -214,9 +215,7 @@ class ControllerLink:
         last = 0.0
         loop = asyncio.get_running_loop()
         while True:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.options.heartbeat_interval):
-                    await self._report_wanted.wait()
+            await wait_set(self._report_wanted, self.options.heartbeat_interval)
             gap = self.options.report_interval - (loop.time() - last)
             if gap > 0:
                 await asyncio.sleep(gap)

@@ -233,5 +233,6 @@ async def _leave(conn: Connection) -> None:
     """Close a subscription link politely (the publisher counts it as left, not lost)."""
     try:
         await asyncio.wait_for(conn.aclose(), 2.0)
-    except (TianjiError, TimeoutError):
+    except (TianjiError, TimeoutError) as exc:  # it did not answer: gone all the same
+        log.debug("%s: left unanswered: %r", conn.peer, exc)
         conn.abort()

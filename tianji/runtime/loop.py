@@ -1,15 +1,16 @@
-"""Event-loop selection: uvloop when installed, unless ``TIANJI_LOOP=asyncio``."""
+"""Event-loop selection (uvloop when installed, unless ``TIANJI_LOOP=asyncio``) and timed
+waits whose timeout is an answer, not an error (:func:`wait_set`, :func:`finished_within`)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from tianji.runtime.errors import ConfigError
 
-__all__ = ["loop_factory", "run"]
+__all__ = ["finished_within", "loop_factory", "run", "wait_set"]
 
 T = TypeVar("T")
 
@@ -39,3 +40,33 @@ def run(main: Coroutine[Any, Any, T], *, debug: bool | None = None) -> T:
     """Run ``main`` to completion on the selected event loop (like :func:`asyncio.run`)."""
     with asyncio.Runner(debug=debug, loop_factory=loop_factory()) as runner:
         return runner.run(main)
+
+
+async def finished_within(aw: Awaitable[Any], timeout: float | None) -> bool:
+    """Await ``aw`` for at most ``timeout`` seconds (``None``: no limit), without raising on
+    the timeout.
+
+    Returns:
+        ``True`` if it finished (if it raised, that exception propagates); ``False`` if the
+        time ran out first (then it is cancelled, and awaited until it has unwound).
+    """
+    task = asyncio.ensure_future(aw)
+    try:
+        limit = None if timeout is None else max(timeout, 0.0)
+        done, _ = await asyncio.wait({task}, timeout=limit)
+    finally:
+        if not task.done():  # timed out, or we were cancelled: it goes too
+            task.cancel()
+    if not done:
+        await asyncio.wait({task})
+        return False
+    task.result()
+    return True
+
+
+async def wait_set(event: asyncio.Event, timeout: float | None) -> bool:
+    """Wait until ``event`` is set, at most ``timeout`` seconds (``None``: no limit);
+    ``True`` if it is set."""
+    if event.is_set():
+        return True
+    return await finished_within(event.wait(), timeout)

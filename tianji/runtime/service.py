@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import dataclasses
 import logging
 import os
@@ -50,7 +49,7 @@ from typing import Any, ClassVar, TypeVar
 from tianji.runtime import plugins
 from tianji.runtime.codec import Codec
 from tianji.runtime.core import Connection, Limits, Listener, ServiceState
-from tianji.runtime.errors import BadFrame, EndOfStream, ServiceFailed, TianjiError
+from tianji.runtime.errors import BadFrame, ClosedByUs, EndOfStream, ServiceFailed, TianjiError
 from tianji.runtime.events import (
     Event,
     Heartbeat,
@@ -410,7 +409,8 @@ class Service(ControllerLink, Subscriptions, BoardSharing):
             if link.conn is not None:
                 try:
                     await asyncio.wait_for(link.conn.aclose(), 1.0)  # goodbye, not a vanish
-                except (TianjiError, TimeoutError):
+                except (TianjiError, TimeoutError) as exc:
+                    log.debug("%s: link %s closed unanswered: %r", self.name, link.conn.peer, exc)
                     link.conn.abort()  # it did not answer: do not keep its sender waiting
             if link.task is not None:
                 link.task.cancel()
@@ -434,11 +434,11 @@ class Service(ControllerLink, Subscriptions, BoardSharing):
         await asyncio.gather(*(close(c) for c in subscribers | self._peers))
         controller = self._controller_conn
         if controller is not None:
-            with contextlib.suppress(TianjiError):
+            try:  # the last counts, so the controller's books have them
                 await controller.send(self._frames(self.heartbeat(), CONTROL))
-            try:
                 await asyncio.wait_for(controller.aclose(), 2.0)
-            except (TianjiError, TimeoutError):
+            except (TianjiError, TimeoutError) as exc:
+                log.info("%s: last heartbeat or goodbye to the controller: %r", self.name, exc)
                 controller.abort()
 
     async def _release(self) -> None:
@@ -562,7 +562,12 @@ class Service(ControllerLink, Subscriptions, BoardSharing):
         while True:
             try:
                 conn = await listener.accept()
-            except TianjiError:
+            except ClosedByUs as exc:  # we closed it: the service is stopping
+                log.debug("%s: listener closed: %s", self.name, exc)
+                return
+            except TianjiError as exc:  # no new peer reaches us from now on: say so
+                self.counters["listener_failures"] += 1
+                log.error("%s: listener %s failed: %s", self.name, listener.address, exc)
                 return
             if local:
                 self._local_peers.add(conn)
@@ -615,7 +620,8 @@ def locality() -> str:
     namespace (the shm transport's rendezvous socket lives in the network namespace)."""
     try:
         netns = os.stat("/proc/self/ns/net").st_ino
-    except OSError:
+    except OSError as exc:  # no /proc (not Linux): one namespace per host
+        log.debug("no network namespace to tell apart: %r", exc)
         return socket.gethostname()
     return f"{socket.gethostname()}/net:{netns}"
 

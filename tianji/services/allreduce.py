@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import hashlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
@@ -30,6 +29,7 @@ import numpy as np
 from tianji.rl.events import GradientsShared
 from tianji.rl.topics import learner_name
 from tianji.runtime.errors import SyncFailed
+from tianji.runtime.loop import wait_set
 
 __all__ = ["AllReduce", "average", "weights_digest"]
 
@@ -163,8 +163,8 @@ class AllReduce:
                     reason = f"no gradient within {self.timeout:g} s from the peers listed"
                     raise SyncFailed(self.name, step, missing, reason)
                 self._changed.clear()
-                with contextlib.suppress(TimeoutError):  # the loop above names who is late
-                    await asyncio.wait_for(self._changed.wait(), deadline - loop.time())
+                # a timeout is no error here: the loop above names who is late
+                await wait_set(self._changed, deadline - loop.time())
         finally:
             self.wait_s += loop.time() - started
 

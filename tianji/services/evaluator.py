@@ -21,7 +21,6 @@ per env from the episode's start.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from typing import Any
 
@@ -35,6 +34,7 @@ from tianji.rl.slots import StateSlots
 from tianji.rl.stats import EvalStat
 from tianji.rl.topics import EVALUATIONS, LATEST_PARAMS
 from tianji.runtime.board import Lease
+from tianji.runtime.loop import wait_set
 from tianji.runtime.service import Service
 from tianji.services.common import apply_run_options, make_algorithm, parse_run_config
 
@@ -161,8 +161,7 @@ class EvalService(Service):
             while True:
                 while not self._due(last):
                     self._arrived.clear()
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._arrived.wait(), self._wait_s(last))
+                    await wait_set(self._arrived, self._wait_s(last))
                 version = self._load()
                 if version is None:
                     continue

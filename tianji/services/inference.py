@@ -38,6 +38,7 @@ from tianji.rl.slots import StateSlots
 from tianji.rl.stats import InferenceStat
 from tianji.rl.topics import LATEST_PARAMS, actions_topic, observations_topic
 from tianji.runtime.board import Lease
+from tianji.runtime.loop import wait_set
 from tianji.runtime.service import Service
 from tianji.services.common import make_algorithm, parse_run_config
 
@@ -161,10 +162,8 @@ class InferenceService(Service):
                 if remaining <= 0:
                     break
                 self._arrived.clear()
-                try:
-                    await asyncio.wait_for(self._arrived.wait(), remaining)
-                except TimeoutError:
-                    break
+                if not await wait_set(self._arrived, remaining):
+                    break  # the batch's time is up
                 continue
             request = self._requests.get_nowait()
             if self.max_batch_envs and envs + len(request.obs) > self.max_batch_envs:
