@@ -115,9 +115,7 @@ def equal_cells(env: str) -> list[Cell]:
     ]
 
 
-def plan_cells(
-    envs: list[str], *, peer: bool, quick: bool, brief: bool = False
-) -> list[Cell]:
+def plan_cells(envs: list[str], *, peer: bool, quick: bool, brief: bool = False) -> list[Cell]:
     """The cells of one run, per env in order (see the module docstring); ``brief``: of
     tianji's own cells only the local one (the rows the README quotes)."""
     cells: list[Cell] = []

@@ -22,8 +22,9 @@ last report (up to where the next incarnation joined the stream) is ``lost_in_re
 (``derived``), what it held at its last report also (``reported``); what a sender sent
 after its last report (a dead one's last report is its last word; a live one's may lag the
 receiver's) is seen at the receiver and counted as sent: by an actor, as produced
-(``produced_unreported``); by a buffer, as no longer buffered (``taken_unreported``). So a loss anywhere shows as a named drop or as
-``balanced: false`` with the reason in ``errors``, never as a larger ``in_flight``.
+(``produced_unreported``); by a buffer, as no longer buffered (``taken_unreported``). So a
+loss anywhere shows as a named drop or as ``balanced: false`` with the reason in
+``errors``, never as a larger ``in_flight``.
 """
 
 from __future__ import annotations
@@ -330,8 +331,9 @@ def accounting(
 
     On-policy: ``produced + produced_unreported + restored = consumed + buffered -
     taken_unreported + held + dropped + in_flight + sending`` (``*_unreported``: what a
-    sender's last report does not show sent yet, seen at its receiver); off-policy (replay samples are drawn, not taken; the
-    buffer -> learner hop carries draws and stays out of the identity):
+    sender's last report does not show sent yet, seen at its receiver); off-policy (replay
+    samples are drawn, not taken; the buffer -> learner hop carries draws and stays out of
+    the identity):
     ``produced + produced_unreported + restored = buffered + dropped + in_flight +
     sending``. ``balanced`` also needs every service's own books and every hop's to close;
     ``errors`` says which did not.

@@ -106,6 +106,7 @@ class BufferService(Service):
         self.inbox = Inbox()  # the actors' numbered streams (tianji.rl.books)
         self.outbox = Outbox()  # ours, one per learner
         self._serving = asyncio.Lock()
+        self._repeats: dict[str, tuple[int, int]] = {}  # learner -> (received, sent) at a repeat
         self._update_size()  # "ready" is 0 from the start for a replay shard
         self.subscribe(trajectories_topic(index, shards), self.on_trajectory)
         self.subscribe(REQUESTS, self.on_request_batches)
@@ -209,17 +210,28 @@ class BufferService(Service):
             self.sent[ev.learner] = min(ev.received, ev.count)
         elif ev.count < before:  # counting from 0 again: a restarted learner
             self.sent[ev.learner] = 0
-        elif ev.count == before and ev.received < self.sent.get(ev.learner, 0):
-            # A repeat: the learner waited with nothing arriving, yet we sent it more than it
-            # received. Those batches were lost on the way (its stream numbers count them
-            # when the next one arrives): grant its credit again, or it starves.
-            missing = self.sent[ev.learner] - ev.received
-            self.counters["credit_restored"] += missing
-            log.warning("%s: %d batches sent to %s never arrived", self.name, missing, ev.learner)
-            self.sent[ev.learner] = ev.received
+        elif ev.count == before:
+            self._on_repeat(ev)
         self.requested[ev.learner] = ev.count  # cumulative: a repeat changes nothing
         self.learner_version = max(self.learner_version, ev.learner_version)
         await self._serve()
+
+    def _on_repeat(self, ev: BatchRequested) -> None:
+        """A repeated request (the learner waited ``REPEAT_S`` with nothing arriving). If it
+        has received less than we sent, and a repeat before said the same while we sent
+        nothing since, the missing batches had a whole repeat interval to arrive: they were
+        lost on the way (its stream numbers count their samples when the next one arrives).
+        Grant its credit again, or it starves waiting for them."""
+        sent = self.sent.get(ev.learner, 0)
+        last = self._repeats.get(ev.learner)
+        self._repeats[ev.learner] = (ev.received, sent)
+        if ev.received >= sent or last != (ev.received, sent):
+            return
+        missing = sent - ev.received
+        self.counters["credit_restored"] += missing
+        log.warning("%s: %d batches sent to %s never arrived", self.name, missing, ev.learner)
+        self.sent[ev.learner] = ev.received
+        self._repeats.pop(ev.learner, None)
 
     async def on_priorities(self, ev: PrioritiesUpdated) -> None:
         update = getattr(self.buffer, "update_priorities", None)

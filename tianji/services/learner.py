@@ -221,7 +221,7 @@ class LearnerService(Service):
         if ev.buffer in self.received_from:
             self.received_from[ev.buffer] += 1
         if self._closing:
-            self._drop_at_stop([ev])
+            self._count_unused(n)
             return
         self._held += int(ev.policy_versions.size)
         self.gauges[LearnerStat.HELD_SAMPLES] = float(self._held)
@@ -324,12 +324,12 @@ class LearnerService(Service):
         else:
             await super().on_control(ev)
 
-    def _drop_at_stop(self, batches: list[SampleBatch]) -> None:
-        """On-policy batches the learner will never use are dropped (reason ``shutdown``);
-        replay batches are copies of what stays in the buffer, so nothing is lost."""
-        lost = sum(int(b.policy_versions.size) for b in batches)
-        if lost:
-            self.counters[Dropped.SHUTDOWN if self.on_policy else BookStat.DRAWS_UNUSED] += lost
+    def _count_unused(self, n: int) -> None:
+        """``n`` samples the learner received and will never use (it stops): on-policy they
+        are dropped (reason ``shutdown``); replay draws are copies of what stays in the
+        buffer, so nothing is lost (``draws_unused``)."""
+        if n:
+            self.counters[Dropped.SHUTDOWN if self.on_policy else BookStat.DRAWS_UNUSED] += n
 
     def _release_held(self, n: int) -> None:
         """``n`` held samples were just counted as consumed or dropped (same step, so a
@@ -393,8 +393,9 @@ class LearnerService(Service):
         finally:
             self._closing = True
             self._checkpoint_at_stop()
-            queued = [self._batches.get_nowait() for _ in range(self._batches.qsize())]
-            self._drop_at_stop(queued + ([self._current] if self._current is not None else []))
+            # everything still held (queued, current, or waiting for room in the queue) is
+            # dropped at stop: counted from the held count, which covers all three
+            self._count_unused(self._held)
             self._held = 0
             self.gauges[LearnerStat.HELD_SAMPLES] = 0.0
 
