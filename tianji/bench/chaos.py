@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from tianji.bench.chaos_run import ChaosRun, start_logged
+from tianji.rl.stats import Dropped
 
 __all__ = ["final_books", "killable_roles", "run_chaos", "summarize_kills"]
 
@@ -202,7 +203,7 @@ def final_books(summary: dict[str, Any]) -> dict[str, Any]:
     books = summary.get("accounting") or {}
     by_name: dict[str, int] = {}
     for name, service in (summary.get("services") or {}).items():
-        held = service.get("counters", {}).get("dropped/lost_in_restart", 0)
+        held = service.get("counters", {}).get(Dropped.LOST_IN_RESTART, 0)
         if held:
             by_name[name] = by_name.get(name, 0) + held
     for hop in (books.get("hops") or {}).values():

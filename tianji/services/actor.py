@@ -33,7 +33,7 @@ from tianji.rl.topics import (
     trajectories_topic,
 )
 from tianji.runtime.board import Lease
-from tianji.runtime.events import Event
+from tianji.runtime.events import Event, Heartbeat
 from tianji.runtime.service import Service
 from tianji.services.collector import FragmentCollector
 from tianji.services.common import (
@@ -103,6 +103,8 @@ class ActorService(Service):
         self._have_params = asyncio.Event()
         self._wake = asyncio.Event()  # new params or a resume: re-check _pace
         self.gauges[ActorStat.PAUSED_S] = 0.0
+        self._paused_before = 0.0  # seconds of the waits that ended
+        self._waiting_since: float | None = None  # loop time the wait under way began
         self.gauges[ActorStat.WAITING] = 0.0
         self.outbox = Outbox()  # numbers the fragments (tianji.rl.books)
         self.subscribe(LATEST_PARAMS, self.on_params, latest_only=True)
@@ -220,7 +222,7 @@ class ActorService(Service):
         if not self._must_wait():
             return
         loop = asyncio.get_running_loop()
-        started = loop.time()
+        self._waiting_since = started = loop.time()
         self.gauges[ActorStat.WAITING] = 1.0
         self.report_soon()  # a run that drains before it stops waits to see this
         try:
@@ -230,7 +232,17 @@ class ActorService(Service):
                 self._apply_params()
         finally:
             self.gauges[ActorStat.WAITING] = 0.0
-        self.gauges[ActorStat.PAUSED_S] += loop.time() - started
+            self._waiting_since = None
+            self._paused_before += loop.time() - started
+            self.gauges[ActorStat.PAUSED_S] = self._paused_before
+
+    def heartbeat(self) -> Heartbeat:
+        """The heartbeat, with ``paused_s`` counting the wait under way too (a producer
+        held for a long time shows it while it lasts, not only once it goes on)."""
+        if self._waiting_since is not None:
+            waited = asyncio.get_running_loop().time() - self._waiting_since
+            self.gauges[ActorStat.PAUSED_S] = self._paused_before + waited
+        return super().heartbeat()
 
     async def _send_fragment(
         self, version: int, samples: dict[str, np.ndarray], produced: int

@@ -255,6 +255,11 @@ class BufferService(Service):
         return min(waiting, key=lambda n: self.sent.get(n, 0), default=None)
 
     async def _serve(self) -> None:
+        if self._serving.locked():
+            # a _serve under way (waiting for room on a learner's link) serves whatever
+            # arrives meanwhile before it returns; waiting for it here would hold this
+            # handler's link (an actor's fragments) behind a learner that waits for them
+            return
         async with self._serving:  # one numbered batch at a time on each stream
             while (learner := self._next_learner()) is not None:
                 self._drop_stale()
