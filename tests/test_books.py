@@ -445,3 +445,15 @@ def test_books_taken_while_a_senders_report_lags_its_receivers_still_close() -> 
     assert b["balanced"], b["errors"]
     assert b["hops"]["buffer->learner"]["sent"] == b["hops"]["buffer->learner"]["received"]
     assert b["taken_unreported"] == 2 * BATCH and b["buffered"] == 0, b
+
+
+def test_a_new_streams_first_message_on_its_way_is_in_flight_not_pending() -> None:
+    run = Run()
+    run.step(1)
+    run.actors.append(Actor("actor-2"))
+    run.actors[2].fragment()
+    run.actors[2].delivered()  # the buffer has not heard the stream yet
+    b = books(run)
+    assert b["balanced"] and b["in_flight"] == FRAGMENT, b
+    assert b["hops"]["actor->buffer"]["in_flight_by_link"] == {"actor-2->buffer-0": FRAGMENT}
+    assert "pending_restart" not in b["hops"]["actor->buffer"]

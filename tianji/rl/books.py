@@ -209,6 +209,7 @@ def _hop(
     errors: list[str],
 ) -> _Hop:
     hop = _Hop(name, unit)
+    receivers = list(receivers)
     sent_by: dict[int, tuple[str, int, bool]] = {}  # stream -> (sender, reported, dead)
     for hb in senders:
         for key, value in hb.gauges.items():
@@ -246,6 +247,8 @@ def _hop(
                 f"{hb.name}: its streams span {span} {unit} but it counted {numbered} "
                 f"received + {lost} lost in transit"
             )
+    live_receivers = {hb.name for hb in receivers if not _dead(hb)}
+    dead_receivers = {hb.name for hb in receivers if _dead(hb)}
     for stream in set(sent_by) | set(segments):
         sender, reported, sender_dead = sent_by.get(stream, (sender_of.get(stream, "?"), 0, True))
         segs = sorted(segments.get(stream, []))
@@ -270,9 +273,12 @@ def _hop(
         tail = sent - at
         if not tail:
             continue
-        last_dead = segs[-1][3] if segs else True
-        link = f"{sender}->{segs[-1][2] if segs else '?'}"
-        if segs and not last_dead and not (final and sender_dead):
+        # the receiver it went to: the last that has the stream, or (no receiver has it yet)
+        # a live one if there is one (a new stream's first message on its way)
+        last_dead = segs[-1][3] if segs else not live_receivers
+        link = f"{sender}->{segs[-1][2] if segs else '|'.join(sorted(live_receivers))}"
+        unclaimed = final and not segs and bool(dead_receivers)  # a dead receiver's, maybe
+        if not last_dead and not (final and sender_dead) and not unclaimed:
             hop.in_flight += tail
             hop.live_in_flight[link] = tail
         elif final or sender_dead:
