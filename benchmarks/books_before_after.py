@@ -55,9 +55,8 @@ def main() -> None:
             sent_at=0.0,
         )
 
-    old = _old_accounting()
-    for produced in (5_000, 50_000, 5_000_000):
-        fixture = {  # tests/test_controller_balancer.py at 708d2b5
+    def fixture_for(produced: int) -> dict[str, Heartbeat]:
+        return {  # tests/test_controller_balancer.py at 708d2b5
             "actor-0": hb("actor-0", "actor", {"samples_produced": produced}),
             "actor-1": hb("actor-1", "actor", {"samples_produced": 5000, "dropped/unsent": 512}),
             "buffer-0": hb(
@@ -77,11 +76,51 @@ def main() -> None:
                 {"samples_received": 5000, "samples_consumed": 4000, "dropped/stale": 1000},
             ),
         }
+
+    old = _old_accounting()
+    for produced in (5_000, 50_000, 5_000_000):
+        fixture = fixture_for(produced)
         b = old(fixture, on_policy=True)
         print(
             f"before ({BEFORE}): samples_produced={produced:,}: balanced={b['balanced']} "
             f"in_flight={b['in_flight']}"
         )
+    # the same fixture with losses nobody counted: a fragment the link lost (the buffer
+    # inserted 256 fewer), a buffer that keeps 256 more than it received
+    lost = dict(fixture_for(5000))
+    lost["buffer-0"] = hb(
+        "buffer-0",
+        "buffer",
+        {
+            "samples_inserted": 8744,
+            "samples_sent": 6000,
+            "dropped/stale": 1000,
+            "dropped/evicted": 720,
+        },
+        buffered_samples=1024,
+    )
+    b = old(lost, on_policy=True)
+    print(
+        f"before ({BEFORE}): a fragment lost on its link, uncounted: balanced={b['balanced']} "
+        f"in_flight={b['in_flight']}"
+    )
+    kept = dict(fixture_for(5000))
+    kept["buffer-0"] = hb(
+        "buffer-0",
+        "buffer",
+        {
+            "samples_inserted": 9000,
+            "samples_sent": 6000,
+            "dropped/stale": 1000,
+            "dropped/evicted": 976,
+        },
+        buffered_samples=1280,
+    )
+    b = old(kept, on_policy=True)
+    print(
+        f"before ({BEFORE}): a buffer holding 256 more than it received: "
+        f"balanced={b['balanced']} in_flight={b['in_flight']}"
+    )
     for produced in (5_000, 50_000, 5_000_000):
         run = Run()
         run.step(4)
@@ -92,6 +131,17 @@ def main() -> None:
             f"after: samples_produced={produced:,}: balanced={b['balanced']} "
             f"in_flight={b['in_flight']} errors={b['errors']}"
         )
+
+    run = Run()
+    run.step(2)
+    run.actors[0].fragment()
+    run.actors[0].delivered()  # the link took it and lost it
+    run.step(2)
+    b = accounting(run.heartbeats(), on_policy=True)
+    print(
+        f"after: a fragment lost on its link: balanced={b['balanced']} "
+        f"in_flight={b['in_flight']} dropped={b['dropped']}"
+    )
 
 
 if __name__ == "__main__":
