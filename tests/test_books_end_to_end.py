@@ -1,6 +1,7 @@
 """Losses injected into a real run show in its final books by name: a fragment a link
-drops, a fragment a link delivers twice, a batch a link drops (PPO on CartPole, every
-service in this process over the in-process transport, so the test can break a link)."""
+drops, a fragment a link delivers twice, a batch a link drops, all in one run (PPO on
+CartPole, every service in this process over the in-process transport, so the test can
+break a link)."""
 
 from __future__ import annotations
 
@@ -24,18 +25,20 @@ FRAGMENT = 64 * 4  # the example's fragment_length x envs_per_actor
 BATCH = 2 * FRAGMENT  # fragments_per_batch = 2
 
 
-def _faulty(cls: type[Any], kind: type[Event], at: int, fault: str) -> Callable[..., Any]:
-    """``cls.publish`` with the ``at``-th event of ``kind`` dropped by the link after it
-    took it (``drop``: the sender counts it delivered) or delivered twice (``twice``)."""
+def _faulty(cls: type[Any], kind: type[Event], faults: dict[int, str]) -> Callable[..., Any]:
+    """``cls.publish`` with the n-th event of ``kind`` (counted over every instance)
+    dropped by the link after it took it (``drop``: the sender counts it delivered) or
+    delivered twice (``twice``), for each ``n: fault`` of ``faults``."""
     original = cls.publish
     seen = {"n": 0}
 
     async def publish(self: Any, ev: Event, topic_name: str | None = None) -> int:
         if isinstance(ev, kind):
             seen["n"] += 1
-            if seen["n"] == at:
-                if fault == "drop":
-                    return 1
+            fault = faults.get(seen["n"])
+            if fault == "drop":
+                return 1
+            if fault == "twice":
                 await original(self, ev, topic_name)
         delivered: int = await original(self, ev, topic_name)
         return delivered
@@ -53,34 +56,21 @@ def _run(tmp_path: Path) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("cls", "kind", "fault", "hop"),
-    [
-        (ActorService, TrajectoryCollected, "drop", "actor->buffer"),
-        (ActorService, TrajectoryCollected, "twice", "actor->buffer"),
-        (BufferService, SampleBatch, "drop", "buffer->learner"),
-    ],
-    ids=["fragment-dropped", "fragment-twice", "batch-dropped"],
-)
-def test_a_loss_injected_on_a_link_is_named_in_the_final_books(
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    cls: type[Any],
-    kind: type[Event],
-    fault: str,
-    hop: str,
+def test_losses_injected_on_the_links_are_named_in_the_final_books(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(cls, "publish", _faulty(cls, kind, 5, fault))
+    """One run, three faults: the actors' link drops the 5th fragment and delivers the 9th
+    twice; the buffer's link to the learner drops the 5th batch (the learner gets its
+    credit back and the run goes on)."""
+    fragments = _faulty(ActorService, TrajectoryCollected, {5: "drop", 9: "twice"})
+    monkeypatch.setattr(ActorService, "publish", fragments)
+    monkeypatch.setattr(BufferService, "publish", _faulty(BufferService, SampleBatch, {5: "drop"}))
     s = _run(tmp_path)
     books = s["accounting"]
     assert books["balanced"], books
     assert books["drain"]["drained"] and books["in_flight"] == 0, books
-    link = books["hops"][hop]
-    if fault == "drop":
-        size = FRAGMENT if kind is TrajectoryCollected else BATCH
-        assert link["lost_in_transit"] == size and link["duplicates"] == 0, books
-        assert books["dropped"].get("lost_in_transit") == size, books
-    else:
-        assert link["duplicates"] == 1 and link["lost_in_transit"] == 0, books
-        assert "lost_in_transit" not in books["dropped"], books
-    assert s["env_steps"] >= 12000  # the run went on past the fault
+    first, second = books["hops"]["actor->buffer"], books["hops"]["buffer->learner"]
+    assert first["lost_in_transit"] == FRAGMENT and first["duplicates"] == 1, books
+    assert second["lost_in_transit"] == BATCH and second["duplicates"] == 0, books
+    assert books["dropped"].get("lost_in_transit") == FRAGMENT + BATCH, books
+    assert s["env_steps"] >= 12000  # the run went on past the faults

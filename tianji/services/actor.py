@@ -122,6 +122,7 @@ class ActorService(Service):
         if isinstance(ev, PauseProduction):
             self.paused_by = ev.reason
             self.counters[ActorStat.PAUSES] += 1
+            self.report_soon()  # (already waiting: say so now; a draining run waits for it)
         elif isinstance(ev, ResumeProduction):
             self.paused_by = None
             self._wake.set()
@@ -224,7 +225,8 @@ class ActorService(Service):
         loop = asyncio.get_running_loop()
         self._waiting_since = started = loop.time()
         self.gauges[ActorStat.WAITING] = 1.0
-        self.report_soon()  # a run that drains before it stops waits to see this
+        if self.paused_by is not None:
+            self.report_soon()  # a run that drains before it stops waits to see this
         try:
             while self._must_wait():
                 self._wake.clear()

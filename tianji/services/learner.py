@@ -217,7 +217,8 @@ class LearnerService(Service):
             self.counters[BookStat.UNNUMBERED] += n
         self.gauges.update(self.inbox.gauges(ev.buffer, ev.stream))
         self.counters[LearnerStat.SAMPLES_RECEIVED] += n
-        self.report_soon()
+        if self.limit is not None and self.counters[LearnerStat.SAMPLES_CONSUMED] >= self.limit:
+            self.report_soon()  # held back by its grant (a draining run waits to see this)
         if ev.buffer in self.received_from:
             self.received_from[ev.buffer] += 1
         if self._closing:
