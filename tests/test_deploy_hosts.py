@@ -249,13 +249,18 @@ def test_dqn_on_three_hosts_reaches_300_through_kills_and_a_cut_and_a_run_with_n
     assert len({steps(r) for r in during}) == 1, [steps(r) for r in during]
 
     # (host c's actor may be held by the controller meanwhile, e.g. while the learner
-    # catches up with the replay ratio: then it reports the time it spent paused)
+    # catches up with the replay ratio: its paused_s grows while it waits). Compared within
+    # one incarnation: actor-1 was killed earlier, and its new incarnation's first counts
+    # may reach the metrics only now, lower than the old one's (seen in CI).
     def paused_s(row: dict[str, Any]) -> float:
         return float(row["controller"]["pause_s"].get("actor-1", 0.0))
 
-    advanced = steps(during[-1], "actor-1") > steps(before[-1], "actor-1")
-    held = paused_s(during[-1]) > paused_s(before[-1])
-    assert advanced or held, [(steps(r, "actor-1"), paused_s(r)) for r in before[-3:] + during]
+    same = steps(during[-1], "actor-1") >= steps(before[-1], "actor-1")
+    start = before[-1] if same else during[0]
+    advanced = steps(during[-1], "actor-1") > steps(start, "actor-1")
+    held = paused_s(during[-1]) > paused_s(start)
+    seen = [(steps(r, "actor-1"), paused_s(r)) for r in before[-3:] + during]
+    assert advanced or held or (not same and len(during) == 1), seen  # (1 row: no baseline)
     assert steps(after[-1]) > steps(during[-1])
     assert summary["env_steps_by_actor"]["actor-0"] > steps(during[-1])  # type: ignore[index]
     by_actor = summary["env_steps_by_actor"]
