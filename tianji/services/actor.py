@@ -4,6 +4,7 @@ inference service, and publishes fragments."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 from typing import Any
 
@@ -42,6 +43,7 @@ from tianji.services.common import (
     parse_run_config,
     transitions,
 )
+from tianji.services.numbered import publish_numbered
 
 __all__ = ["ActorService", "FragmentCollector"]
 
@@ -246,30 +248,6 @@ class ActorService(Service):
             self.gauges[ActorStat.PAUSED_S] = self._paused_before + waited
         return super().heartbeat()
 
-    async def _send_fragment(
-        self, version: int, samples: dict[str, np.ndarray], produced: int
-    ) -> None:
-        """Publish a fragment numbered on this actor's stream; count it sent (delivered
-        to a buffer's link) or unsent (no buffer connected: lost, and counted), and as
-        ``sending`` meanwhile, so every heartbeat's books close."""
-        ev = TrajectoryCollected(
-            actor=self.name,
-            policy_version=version,
-            arrays=samples,
-            **self.outbox.stamp(self.trajectories),
-        )
-        self.gauges[ActorStat.SENDING] = float(produced)
-        try:
-            delivered = await self.publish(ev, self.trajectories)
-        finally:
-            self.gauges[ActorStat.SENDING] = 0.0
-        if delivered:
-            self.outbox.delivered(self.trajectories, produced)
-            self.counters[ActorStat.SAMPLES_SENT] += produced
-            self.gauges.update(self.outbox.gauges(self.trajectories))
-        else:
-            self.counters[Dropped.UNSENT] += produced
-
     async def main(self) -> None:
         import torch
 
@@ -296,7 +274,24 @@ class ActorService(Service):
                 self.counters[ActorStat.SAMPLES_PRODUCED] += produced
                 self.counters[ActorStat.FRAGMENTS_SENT] += 1  # in the same heartbeat as the samples
                 self.counters[ActorStat.EPISODES] += len(returns)
-                await self._send_fragment(version, samples, produced)
+                # numbered on our stream; sent (a buffer's link took it) or unsent (no
+                # buffer connected: lost, and counted), and "sending" meanwhile
+                await publish_numbered(
+                    self,
+                    self.outbox,
+                    self.trajectories,
+                    functools.partial(
+                        TrajectoryCollected,
+                        actor=self.name,
+                        policy_version=version,
+                        arrays=samples,
+                    ),
+                    produced,
+                    sending=produced,
+                    sending_key=ActorStat.SENDING,
+                    sent_key=ActorStat.SAMPLES_SENT,
+                    unsent_key=Dropped.UNSENT,
+                )
                 self.sent_at_version += 1
                 self.gauges[ActorStat.FRAGMENTS_AT_VERSION] = self.sent_at_version
                 self.report_soon()

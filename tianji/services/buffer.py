@@ -15,6 +15,7 @@ and stores nothing before it arrived.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 from collections.abc import Sequence
@@ -52,6 +53,7 @@ from tianji.runtime.errors import ConfigError
 from tianji.runtime.events import Event
 from tianji.runtime.service import Service
 from tianji.services.common import apply_run_options, parse_run_config, transitions
+from tianji.services.numbered import publish_numbered, take_numbered
 
 __all__ = ["BufferService"]
 
@@ -179,18 +181,8 @@ class BufferService(Service):
         if self._restored is not None and not self._restored.is_set():
             await self._restored.wait()  # store on top of the snapshot, never under it
         steps = transitions(ev.arrays)
-        lost = self.inbox.take(ev.actor, ev.stream, ev.seq, ev.offset, steps)
-        if lost is None:  # numbered before what we have: delivered twice
-            self.counters[BookStat.DUPLICATES] += 1
-            log.warning("%s: duplicate fragment %d of %s discarded", self.name, ev.seq, ev.actor)
+        if not take_numbered(self, self.inbox, ev.actor, ev, steps, what="fragment"):
             return
-        if lost:
-            self.counters[Dropped.LOST_IN_TRANSIT] += lost
-            log.warning("%s: %d samples of %s lost on the way", self.name, lost, ev.actor)
-        self.counters[BufferStat.SAMPLES_RECEIVED] += steps
-        if ev.stream == 0:
-            self.counters[BookStat.UNNUMBERED] += steps
-        self.gauges.update(self.inbox.gauges(ev.actor, ev.stream))
         self.buffer.add(ev.arrays, policy_version=ev.policy_version)
         self.counters[BufferStat.SAMPLES_INSERTED] += steps
         self._count_evictions()
@@ -282,26 +274,26 @@ class BufferService(Service):
         self.sent[learner] = self.sent.get(learner, 0) + 1
         self.counters[BufferStat.BATCHES_SENT] += 1
         self._update_size()
-        ev = SampleBatch(
-            batch_id=next(self._ids),
-            policy_version=self.learner_version,
-            arrays=batch,
-            policy_versions=versions,
-            buffer=self.name,
-            **self.outbox.stamp(topic_name),
+        delivered = await publish_numbered(
+            self,
+            self.outbox,
+            topic_name,
+            functools.partial(
+                SampleBatch,
+                batch_id=next(self._ids),
+                policy_version=self.learner_version,
+                arrays=batch,
+                policy_versions=versions,
+                buffer=self.name,
+            ),
+            n,
+            # rollout samples are taken out of the buffer: in no count until sent or unsent
+            sending=n if rollout else 0,
+            sending_key=BufferStat.SENDING,
+            sent_key=BufferStat.SAMPLES_SENT,
+            unsent_key=Dropped.UNSENT if rollout else BookStat.DRAWS_UNSENT,
         )
-        if rollout:  # taken out of the buffer: in no count until it is sent or unsent
-            self.gauges[BufferStat.SENDING] = float(n)
-        try:
-            delivered = await self.publish(ev, topic_name)
-        finally:
-            self.gauges[BufferStat.SENDING] = 0.0
-        if delivered:
-            self.outbox.delivered(topic_name, n)
-            self.counters[BufferStat.SAMPLES_SENT] += n
-            self.gauges.update(self.outbox.gauges(topic_name))
-        else:
-            self.counters[Dropped.UNSENT if rollout else BookStat.DRAWS_UNSENT] += n
+        if not delivered:
             log.warning("%s: a batch for %s found no link: %d unsent", self.name, learner, n)
         self.report_soon()
 

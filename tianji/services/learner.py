@@ -65,6 +65,7 @@ from tianji.runtime.events import Event
 from tianji.runtime.service import Service
 from tianji.services.allreduce import AllReduce, weights_digest
 from tianji.services.common import apply_run_options, make_algorithm, parse_run_config
+from tianji.services.numbered import take_numbered
 
 __all__ = ["LagStats", "LearnerService"]
 
@@ -203,20 +204,10 @@ class LearnerService(Service):
     async def on_batch(self, ev: SampleBatch) -> None:
         n = int(ev.policy_versions.size)
         missing = self.inbox.lost_messages
-        lost = self.inbox.take(ev.buffer, ev.stream, ev.seq, ev.offset, n)
-        if lost is None:  # numbered before what we have: delivered twice
-            self.counters[BookStat.DUPLICATES] += 1
-            log.warning("%s: duplicate batch %d of %s discarded", self.name, ev.seq, ev.buffer)
+        lost_key = Dropped.LOST_IN_TRANSIT if self.on_policy else BookStat.DRAWS_LOST
+        if not take_numbered(self, self.inbox, ev.buffer, ev, n, what="batch", lost_key=lost_key):
             return
-        if lost:
-            lost_key = Dropped.LOST_IN_TRANSIT if self.on_policy else BookStat.DRAWS_LOST
-            self.counters[lost_key] += lost
-            log.warning("%s: %d samples from %s lost on the way", self.name, lost, ev.buffer)
         self.counters["batches_lost"] += self.inbox.lost_messages - missing
-        if ev.stream == 0:
-            self.counters[BookStat.UNNUMBERED] += n
-        self.gauges.update(self.inbox.gauges(ev.buffer, ev.stream))
-        self.counters[LearnerStat.SAMPLES_RECEIVED] += n
         if self.limit is not None and self.counters[LearnerStat.SAMPLES_CONSUMED] >= self.limit:
             self.report_soon()  # held back by its grant (a draining run waits to see this)
         if ev.buffer in self.received_from:
