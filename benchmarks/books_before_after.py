@@ -43,33 +43,23 @@ def main() -> None:
 
     sys.path.insert(0, str(ROOT / "tests"))
     from test_books import Run, replace
+    from test_controller_balancer import hb
 
-    def hb(name: str, role: str, counters: dict[str, int], **gauges: float) -> Heartbeat:
-        return Heartbeat(
-            name=name,
-            role=role,
-            state="running",
-            counters=counters,
-            gauges=gauges,
-            queue_depths={},
-            sent_at=0.0,
-        )
-
-    def fixture_for(produced: int) -> dict[str, Heartbeat]:
-        return {  # tests/test_controller_balancer.py at 708d2b5
+    def fixture_for(
+        produced: int = 5000, inserted: int = 9000, evicted: int = 976, buffered: int = 1024
+    ) -> dict[str, Heartbeat]:
+        """tests/test_controller_balancer.py's fixture at 708d2b5, with its buffer's counts
+        (and actor-0's samples_produced) as given."""
+        buffer = {
+            "samples_inserted": inserted,
+            "samples_sent": 6000,
+            "dropped/stale": 1000,
+            "dropped/evicted": evicted,
+        }
+        return {
             "actor-0": hb("actor-0", "actor", {"samples_produced": produced}),
             "actor-1": hb("actor-1", "actor", {"samples_produced": 5000, "dropped/unsent": 512}),
-            "buffer-0": hb(
-                "buffer-0",
-                "buffer",
-                {
-                    "samples_inserted": 9000,
-                    "samples_sent": 6000,
-                    "dropped/stale": 1000,
-                    "dropped/evicted": 976,
-                },
-                buffered_samples=1024,
-            ),
+            "buffer-0": hb("buffer-0", "buffer", buffer, buffered_samples=buffered),
             "learner-0": hb(
                 "learner-0",
                 "learner",
@@ -87,35 +77,13 @@ def main() -> None:
         )
     # the same fixture with losses nobody counted: a fragment the link lost (the buffer
     # inserted 256 fewer), a buffer that keeps 256 more than it received
-    lost = dict(fixture_for(5000))
-    lost["buffer-0"] = hb(
-        "buffer-0",
-        "buffer",
-        {
-            "samples_inserted": 8744,
-            "samples_sent": 6000,
-            "dropped/stale": 1000,
-            "dropped/evicted": 720,
-        },
-        buffered_samples=1024,
-    )
+    lost = fixture_for(inserted=8744, evicted=720)
     b = old(lost, on_policy=True)
     print(
         f"before ({BEFORE}): a fragment lost on its link, uncounted: balanced={b['balanced']} "
         f"in_flight={b['in_flight']}"
     )
-    kept = dict(fixture_for(5000))
-    kept["buffer-0"] = hb(
-        "buffer-0",
-        "buffer",
-        {
-            "samples_inserted": 9000,
-            "samples_sent": 6000,
-            "dropped/stale": 1000,
-            "dropped/evicted": 976,
-        },
-        buffered_samples=1280,
-    )
+    kept = fixture_for(buffered=1280)
     b = old(kept, on_policy=True)
     print(
         f"before ({BEFORE}): a buffer holding 256 more than it received: "

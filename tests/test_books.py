@@ -10,9 +10,11 @@ from typing import Any
 import msgspec
 import pytest
 
+from tianji.rl.balance import BalanceConfig
 from tianji.rl.books import Inbox, Outbox, accounting
 from tianji.rl.stats import ActorStat, BookStat, BufferStat, Dropped, LearnerStat
 from tianji.runtime.events import Heartbeat
+from tianji.services.balancer import Balancer
 
 FRAGMENT = 64
 BATCH = 128
@@ -150,6 +152,12 @@ class Run:
             self.learner.receive(self.buffer.name, b)
         if consume:
             self.learner.consume()
+
+    def retire(self, hb: Heartbeat) -> None:
+        """``hb``'s service died: its last heartbeat is kept as ``name#1`` the way the
+        controller keeps it (what it held counted lost_in_restart by the balancer)."""
+        dead = msgspec.structs.replace(hb, name=f"{hb.name}#1", state="dead")
+        self.retired[dead.name] = Balancer(BalanceConfig()).retired(dead)
 
     def heartbeats(self) -> dict[str, Heartbeat]:
         beats = [a.heartbeat() for a in self.actors]
@@ -336,18 +344,7 @@ def test_a_dead_buffer_is_settled_from_the_survivors_numbers() -> None:
     msg = run.actors[0].fragment()
     run.actors[0].delivered()
     run.buffer.receive("actor-0", msg)  # holds 64
-    last = run.buffer.heartbeat()
-    held = int(last.gauges[BufferStat.BUFFERED_SAMPLES])
-    gauges = {k: v for k, v in last.gauges.items() if k != BufferStat.BUFFERED_SAMPLES}
-    run.retired["buffer-0#1"] = Heartbeat(
-        name="buffer-0#1",
-        role="buffer",
-        state="dead",
-        counters={**last.counters, Dropped.LOST_IN_RESTART: held},
-        gauges=gauges,
-        queue_depths={},
-        sent_at=0.0,
-    )
+    run.retire(run.buffer.heartbeat())
     run.buffer = Buffer("buffer-0")  # the next incarnation, counting from zero
     for actor in run.actors:  # sent to the dead one after its last report
         actor.fragment()
@@ -365,16 +362,7 @@ def test_a_dead_buffer_is_settled_from_the_survivors_numbers() -> None:
 def test_what_a_dead_actor_sent_after_its_last_report_is_counted_from_the_receiver() -> None:
     run = Run()
     run.step(2)
-    last = run.actors[0].heartbeat()
-    run.retired["actor-0#1"] = Heartbeat(
-        name="actor-0#1",
-        role="actor",
-        state="dead",
-        counters=dict(last.counters),
-        gauges=dict(last.gauges),
-        queue_depths={},
-        sent_at=0.0,
-    )
+    run.retire(run.actors[0].heartbeat())
     for _ in range(2):  # sent after its last report, then it died
         run.buffer.receive("actor-0", run.actors[0].fragment())
         run.actors[0].delivered()
@@ -388,16 +376,7 @@ def test_what_a_dead_actor_sent_after_its_last_report_is_counted_from_the_receiv
 def test_a_tail_to_a_dead_receiver_is_lost_at_the_final_books() -> None:
     run = Run()
     run.step(2)
-    last = run.buffer.heartbeat()
-    run.retired["buffer-0#1"] = Heartbeat(
-        name="buffer-0#1",
-        role="buffer",
-        state="dead",
-        counters=dict(last.counters),
-        gauges=dict(last.gauges),
-        queue_depths={},
-        sent_at=0.0,
-    )
+    run.retire(run.buffer.heartbeat())
     run.buffer = Buffer("buffer-0")
     run.actors[0].fragment()
     run.actors[0].delivered()  # to the dead one; nothing sent to the successor since

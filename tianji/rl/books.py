@@ -374,10 +374,9 @@ def accounting(
     if on_policy:
         derived += second.lost_in_restart
     restart_total = reported_restart + derived - outbound
-    if derived - outbound:
-        dropped["lost_in_restart"] = restart_total
-    if not dropped.get("lost_in_restart", 1):
-        del dropped["lost_in_restart"]
+    dropped.pop("lost_in_restart", None)
+    if restart_total:
+        dropped = dict(sorted({**dropped, "lost_in_restart": restart_total}.items()))
     produced = _total(by_role["actor"], ActorStat.SAMPLES_PRODUCED)
     unreported = sum(first.late_dead.values()) + sum(first.late_live.values())
     restored = _total(by_role["buffer"], BufferStat.SAMPLES_RESTORED)
