@@ -1,16 +1,15 @@
-"""A discrete-event simulation of an on-policy run, driven by the real balance policy.
+"""A discrete-event simulation of a run, driven by the real balance policy, in every mode.
 
 It models what the live services do, with the delays between them: actors (collect a
-fragment with the weights they hold when it starts, obey pauses, production grants and
-weights), the rollout buffer (FIFO of fragments with a capacity that evicts the oldest,
-drops the stale ones before it serves, sends only the batches a learner asked for), the
-learner (drops a batch that went stale in flight, trains, publishes weights, asks for the
-next batch) and the controller (decides with :class:`tianji.rl.balance.BalancePolicy` on
-each heartbeat as it arrives, its commands arrive later). Heartbeats are sent on every
-change and every second; every link delivers in order after its fixed delay.
-
-The policy module is a parameter, so the same simulation can run an older policy (the
-test of the freeze does).
+fragment with the weights they hold when it starts, obey production grants and weights),
+the buffer (on-policy: a FIFO of fragments with a capacity that evicts the oldest, drops
+the stale ones before it serves, sends only the batches a learner asked for; off-policy: a
+replay that inserts every fragment and samples a batch for each request once it holds the
+warm-up), the learner (drops an on-policy batch that went stale in flight, waits for its
+consumption grant, trains, publishes weights, asks for the next batch) and the controller
+(decides with :class:`tianji.rl.balance.BalancePolicy` on each heartbeat as it arrives; its
+commands arrive later). Heartbeats are sent on every change and every second; every link
+delivers in order after its fixed delay.
 """
 
 from __future__ import annotations
@@ -20,20 +19,32 @@ import dataclasses
 import heapq
 import itertools
 from collections.abc import Callable
-from types import ModuleType
 from typing import Any
+
+from tianji.rl import balance
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class SimParams:
+    mode: str = "relaxed"
+    on_policy: bool = True
     actors: int = 2
     envs_per_actor: int = 4
     fragment_length: int = 64
     fragments_per_batch: int = 2
+    """On-policy: fragments per update."""
     lag_target: int = 1
     max_policy_lag: int = 2
     buffer_capacity: int = 8
-    """Fragments the rollout buffer keeps."""
+    """On-policy: fragments the rollout buffer keeps."""
+    batch_samples: int = 64
+    """Off-policy: samples per update."""
+    replay_ratio: float = 2.0
+    tolerance: float = 1.0
+    min_replay_size: int = 0
+    publish_interval: int = 1
+    """Off-policy relaxed: updates between two weight publications."""
+    max_collecting: int = 0
     prefetch: int = 1
     collect_s: float = 0.02
     """Seconds one actor takes for one fragment."""
@@ -52,10 +63,39 @@ class SimParams:
     def fragment_samples(self) -> int:
         return self.fragment_length * self.envs_per_actor
 
+    @property
+    def update_samples(self) -> int:
+        return (
+            self.fragments_per_batch * self.fragment_samples
+            if self.on_policy
+            else self.batch_samples
+        )
+
+    def balance_config(self) -> balance.BalanceConfig:
+        frag = self.fragment_samples
+        fill = max(1, -(-self.min_replay_size // (self.actors * frag)))
+        return balance.BalanceConfig(
+            mode=self.mode,
+            on_policy=self.on_policy,
+            max_policy_lag=self.max_policy_lag,
+            lag_target=self.lag_target,
+            batch_samples=self.update_samples,
+            fragment_samples=frag,
+            buffer_fragments=self.buffer_capacity if self.on_policy else 0,
+            replay_ratio=self.replay_ratio,
+            tolerance=self.tolerance,
+            min_replay_size=0 if self.on_policy else self.min_replay_size,
+            fill_fragments=fill,
+            max_collecting=self.max_collecting,
+            producers=self.actors,
+            publish_interval=1 if self.on_policy else self.publish_interval,
+        )
+
 
 @dataclasses.dataclass(slots=True)
 class SimResult:
     produced: int = 0
+    inserted: int = 0
     consumed: int = 0
     stale: int = 0
     evicted: int = 0
@@ -64,6 +104,15 @@ class SimResult:
     longest_gap: float = 0.0
     """Longest time without an update (including the start and the end)."""
     paused_actor_s: float = 0.0
+    most_collecting: int = 0
+    """Most actors collecting at one moment."""
+    inserted_at_first_update: int | None = None
+    above_band: int = 0
+    """Off-policy updates that took ``consumed`` above the band's upper edge."""
+    fragments_per_version: collections.Counter[tuple[str, int]] = dataclasses.field(
+        default_factory=collections.Counter
+    )
+    """(actor, weights version) -> fragments collected with them."""
 
     @property
     def wasted(self) -> int:
@@ -78,7 +127,6 @@ class _Actor:
         self.sent = 0
         self.produced = 0
         self.collecting = False
-        self.paused = False
         self.grant_limit = 0
         self.grant_min = 0
         self.sent_at_version = 0
@@ -88,24 +136,9 @@ class _Actor:
 class Simulation:
     """Run with :meth:`run`; see the module docstring."""
 
-    def __init__(self, params: SimParams, balance: ModuleType) -> None:
+    def __init__(self, params: SimParams) -> None:
         self.p = params
-        self.balance = balance
-        frag = params.fragment_samples
-        fields = {f.name for f in dataclasses.fields(balance.BalanceConfig)}
-        config: dict[str, Any] = dict(
-            on_policy=True,
-            max_policy_lag=params.max_policy_lag,
-            lag_target=params.lag_target,
-            batch_samples=params.fragments_per_batch * frag,
-            fragment_samples=frag,
-            buffer_fragments=params.buffer_capacity,
-        )
-        self.policy = balance.BalancePolicy(
-            balance.BalanceConfig(**{k: v for k, v in config.items() if k in fields})
-        )
-        self._obs_fields = {f.name for f in dataclasses.fields(balance.Observation)}
-        self._granted_mode = "buffer_fragments" in fields  # the policy grants production
+        self.policy = balance.BalancePolicy(params.balance_config())
         self.now = 0.0
         self._queue: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = itertools.count()
@@ -119,15 +152,17 @@ class Simulation:
         self.buffer_learner_version = 0
         # learner
         self.version = 0
+        self.published = 0
         self.batches: collections.deque[list[tuple[int, int]]] = collections.deque()
         self.training = False
         self.learner_requested = 0
         self.consumed = 0
         self.learner_dropped = 0
+        self.consume_limit: int | None = None
         # controller: latest heartbeats as it sees them, its own grant records
         self.seen: dict[str, dict[str, Any]] = {}
         self.granted: dict[str, int] = {}
-        self.paused: set[str] = set()
+        self.sent_limit: int | None = None
         self.result = SimResult()
         self._last_update = 0.0
         self._decision_due = False
@@ -138,10 +173,7 @@ class Simulation:
 
     def run(self) -> SimResult:
         self.at(0.0, self._publish_weights)
-        for name in self.actors:
-            self._beat(name)
-        self._beat("buffer")
-        self._beat("learner")
+        self._beat_all()
         self.at(0.0, lambda: self._learner_request(self.p.prefetch))
         self.at(self.p.heartbeat_every, self._periodic)
         while self._queue and self._queue[0][0] <= self.p.seconds:
@@ -150,6 +182,7 @@ class Simulation:
         self.now = self.p.seconds
         r = self.result
         r.produced = sum(a.produced for a in self.actors.values())
+        r.inserted = self.inserted
         r.consumed = self.consumed
         r.updates = self.version
         r.longest_gap = max(r.longest_gap, self.now - self._last_update)
@@ -158,24 +191,33 @@ class Simulation:
                 r.paused_actor_s += self.now - actor.idle_since
         return r
 
-    def _periodic(self) -> None:
+    def _beat_all(self) -> None:
         for name in self.actors:
             self._beat(name)
         self._beat("buffer")
         self._beat("learner")
+
+    def _periodic(self) -> None:
+        self._beat_all()
         self.at(self.p.heartbeat_every, self._periodic)
 
     # ----------------------------------------------------------------- heartbeats
     def _beat(self, name: str) -> None:
         """Send ``name``'s counters as they are now; the controller decides on arrival."""
         if name == "buffer":
-            state = {"role": "buffer", "inserted": self.inserted, "dropped": self.buffer_dropped}
+            state = {
+                "role": "buffer",
+                "inserted": self.inserted,
+                "dropped": self.buffer_dropped,
+                "filling": not self.p.on_policy and self.inserted < self.p.min_replay_size,
+            }
         elif name == "learner":
             state = {
                 "role": "learner",
                 "consumed": self.consumed,
                 "dropped": self.learner_dropped,
                 "version": self.version,
+                "published": self.published,
             }
         else:
             a = self.actors[name]
@@ -200,74 +242,59 @@ class Simulation:
         beats = self.seen
         buffer, learner = beats.get("buffer", {}), beats.get("learner", {})
         actors = {n: s for n, s in beats.items() if s["role"] == "actor"}
-        obs: dict[str, Any] = dict(
+        obs = balance.Observation(
             inserted=buffer.get("inserted", 0),
             consumed=learner.get("consumed", 0),
             dropped=buffer.get("dropped", 0) + learner.get("dropped", 0),
             learner_version=learner.get("version", 0),
             producer_versions={n: s["version"] for n, s in actors.items()},
             fragments_at_version={n: s["at_version"] for n, s in actors.items()},
+            filling=buffer.get("filling", False),
             produced=sum(s["produced"] for s in actors.values()),
             fragments_sent={n: s["sent"] for n, s in actors.items()},
             granted={n: self.granted.get(n, 0) for n in actors},
-            params_version=learner.get("version", 0),
+            params_version=learner.get("published", 0),
+            in_transit=max(
+                0, sum(s["produced"] for s in actors.values()) - buffer.get("inserted", 0)
+            ),
         )
-        observation = self.balance.Observation(
-            **{k: v for k, v in obs.items() if k in self._obs_fields}
-        )
-        decision = self.policy.decide(observation)
-        grants = getattr(decision, "grants", None)
-        if grants is not None:
-            for name, grant in grants.items():
-                self.granted[name] = grant.limit
-                self.at(self.p.command_delay, self._granted(name, grant.limit, grant.min_version))
-            return
-        for name in sorted(set(decision.paused) - self.paused):
-            self.paused.add(name)
-            self.at(self.p.command_delay, self._paused(name, True))
-        for name in sorted(self.paused - set(decision.paused)):
-            self.paused.discard(name)
-            self.at(self.p.command_delay, self._paused(name, False))
+        decision = self.policy.decide(obs)
+        for name, grant in decision.grants.items():
+            self.granted[name] = grant.limit
+            self.at(self.p.command_delay, self._granted(name, grant.limit, grant.min_version))
+        limit = decision.consume_limit
+        if self.policy.config.limits_consumption and limit is not None and limit != self.sent_limit:
+            self.sent_limit = limit
+            self.at(self.p.command_delay, lambda: self._consume_grant(limit))
 
     # ----------------------------------------------------------------- actors
     def _granted(self, name: str, limit: int, min_version: int) -> Callable[[], None]:
         def apply() -> None:
             a = self.actors[name]
-            if limit >= a.grant_limit:
-                a.grant_limit, a.grant_min = limit, min_version
+            a.grant_limit, a.grant_min = limit, min_version  # the newest grant holds
             self._try_start(a)
 
         return apply
-
-    def _paused(self, name: str, paused: bool) -> Callable[[], None]:
-        def apply() -> None:
-            a = self.actors[name]
-            a.paused = paused
-            self._try_start(a)
-
-        return apply
-
-    def _must_wait(self, a: _Actor) -> bool:
-        if a.version < 0 or a.paused:
-            return True
-        return self._granted_mode and (a.sent >= a.grant_limit or a.version < a.grant_min)
 
     def _try_start(self, a: _Actor) -> None:
         if a.collecting:
             return
-        if a.latest > a.version:  # weights are applied between fragments
-            a.version = a.latest
-            a.sent_at_version = 0
-            self._beat(a.name)
-        if self._must_wait(a):
+        if a.sent >= a.grant_limit or a.latest < max(a.grant_min, 0):
             if a.idle_since is None:
                 a.idle_since = self.now
             return
+        if a.latest > a.version:  # weights are loaded when a fragment starts
+            a.version = a.latest
+            a.sent_at_version = 0
+            self._beat(a.name)
         if a.idle_since is not None:
             self.result.paused_actor_s += self.now - a.idle_since
             a.idle_since = None
         a.collecting = True
+        collecting = sum(x.collecting for x in self.actors.values())
+        self.result.most_collecting = max(self.result.most_collecting, collecting)
         version = a.version
+        self.result.fragments_per_version[(a.name, version)] += 1
 
         def finish() -> None:
             a.collecting = False
@@ -287,28 +314,38 @@ class Simulation:
             self._try_start(a)
 
     def _publish_weights(self) -> None:
-        version = self.version
+        version = self.published = self.version
+        self._beat("learner")
         self.at(self.p.weights_delay, lambda: self._weights_arrive(version))
 
     # ----------------------------------------------------------------- buffer
     def _insert(self, version: int, n: int) -> None:
-        if len(self.fifo) == self.p.buffer_capacity:
-            _, lost = self.fifo.popleft()
-            self.buffer_dropped += lost
-            self.result.evicted += lost
-        self.fifo.append((version, n))
         self.inserted += n
+        if self.p.on_policy:
+            if len(self.fifo) == self.p.buffer_capacity:
+                _, lost = self.fifo.popleft()
+                self.buffer_dropped += lost
+                self.result.evicted += lost
+            self.fifo.append((version, n))
         self._serve()
         self._beat("buffer")
 
     def _serve(self) -> None:
-        k = self.p.fragments_per_batch
         while self.requested > self.served:
-            oldest = self.buffer_learner_version - self.p.max_policy_lag
+            if not self.p.on_policy:  # replay: a sampled batch once the warm-up is in
+                if self.inserted < self.p.min_replay_size:
+                    return
+                self.served += 1
+                batch = [(self.version, self.p.batch_samples)]
+                self.at(self.p.data_delay, lambda b=batch: self._batch_arrives(b))  # type: ignore[misc]
+                continue
+            bound = self.policy.config.staleness_bound
+            oldest = self.buffer_learner_version - bound if bound is not None else -(1 << 30)
             while self.fifo and self.fifo[0][0] < oldest:
                 _, lost = self.fifo.popleft()
                 self.buffer_dropped += lost
                 self.result.stale += lost
+            k = self.p.fragments_per_batch
             if len(self.fifo) < k:
                 return
             batch = [self.fifo.popleft() for _ in range(k)]
@@ -327,34 +364,58 @@ class Simulation:
         count, version = self.learner_requested, self.version
         self.at(self.p.data_delay, lambda: self._buffer_request(count, version))
 
+    def _consume_grant(self, limit: int) -> None:
+        self.consume_limit = limit
+        self._learn()
+
     def _batch_arrives(self, batch: list[tuple[int, int]]) -> None:
         self.batches.append(batch)
         self._learn()
 
+    def _may_consume(self, n: int) -> bool:
+        if not self.policy.config.limits_consumption:
+            return True
+        return self.consume_limit is not None and self.consumed + n <= self.consume_limit
+
     def _learn(self) -> None:
         while not self.training and self.batches:
+            n = sum(size for _, size in self.batches[0])
+            if not self._may_consume(n):
+                if self.policy.config.publish_at_round_end and self.published != self.version:
+                    self._publish_weights()  # the round's updates are done
+                return
             batch = self.batches.popleft()
-            n = sum(size for _, size in batch)
             lags = [self.version - v for v, _ in batch]
-            if max(lags) > self.p.max_policy_lag:  # went stale in flight
+            bound = self.policy.config.staleness_bound
+            if bound is not None and max(lags) > bound:  # went stale in flight
                 self.learner_dropped += n
                 self.result.stale += n
                 self._learner_request(1)
                 self._beat("learner")
                 continue
-            for (_, size), lag in zip(batch, lags, strict=True):
-                self.result.lags[lag] += size
+            if self.p.on_policy:
+                for (_, size), lag in zip(batch, lags, strict=True):
+                    self.result.lags[lag] += size
+            if self.result.inserted_at_first_update is None:
+                self.result.inserted_at_first_update = self.inserted
             self.training = True
+            self.at(self.p.train_s, lambda n=n: self._trained(n))  # type: ignore[misc]
 
-            def done(n: int = n) -> None:
-                self.training = False
-                self.version += 1
-                self.consumed += n
-                self.result.longest_gap = max(self.result.longest_gap, self.now - self._last_update)
-                self._last_update = self.now
-                self._publish_weights()
-                self._learner_request(1)
-                self._beat("learner")
-                self._learn()
-
-            self.at(self.p.train_s, done)
+    def _trained(self, n: int) -> None:
+        self.training = False
+        self.version += 1
+        self.consumed += n
+        if not self.p.on_policy:
+            band = self.policy.band(
+                balance.Observation(inserted=self.inserted, consumed=0), self.p.actors
+            )
+            if band is not None and self.consumed > band[1]:
+                self.result.above_band += 1
+        self.result.longest_gap = max(self.result.longest_gap, self.now - self._last_update)
+        self._last_update = self.now
+        every = 1 if self.p.on_policy else self.p.publish_interval
+        if not self.policy.config.publish_at_round_end and self.version % every == 0:
+            self._publish_weights()
+        self._learner_request(1)
+        self._beat("learner")
+        self._learn()

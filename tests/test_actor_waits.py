@@ -15,7 +15,8 @@ from pathlib import Path
 
 from tests.test_service_pubsub import running, until
 from tianji.rl.config import to_dict
-from tianji.rl.events import ParamsPublished, TrajectoryCollected
+from tianji.rl.balance import UNLIMITED
+from tianji.rl.events import GrantProduction, ParamsPublished, TrajectoryCollected
 from tianji.rl.topics import LATEST_PARAMS, TRAJECTORIES
 from tianji.run.config import load_config
 from tianji.runtime import service as service_module
@@ -44,11 +45,9 @@ class Sink(Service):
 
 
 def test_weights_before_the_first_subscriber_do_not_stall_the_actor() -> None:
-    # unbalanced: in a relaxed on-policy run an actor collects only what a balancing
-    # controller grants, and this one has none
-    config = load_config(
-        str(ROOT / "examples" / "cartpole_ppo.toml"), ["controller.mode=unbalanced"]
-    )
+    # an actor collects only what the controller grants: this controller has no balancer,
+    # the test grants by hand
+    config = load_config(str(ROOT / "examples" / "cartpole_ppo.toml"), [])
     weights = make_algorithm(config, seed=0, device="cpu").get_weights()
 
     async def main() -> None:
@@ -57,6 +56,9 @@ def test_weights_before_the_first_subscriber_do_not_stall_the_actor() -> None:
             params = Params("params-0", controller=ctl.address, publishes=[LATEST_PARAMS])
             actor = ActorService("actor-0", config=to_dict(config), index=0, controller=ctl.address)
             async with running(params, actor):
+                await until(lambda: "actor-0" in ctl.registry, timeout=30)
+                grant = GrantProduction(limit=UNLIMITED, min_version=0, reason="by hand")
+                assert await ctl.command("actor-0", grant)
                 await params.wait_subscribers(LATEST_PARAMS)
                 for version in (1, 2, 3):  # the actor waits for a buffer meanwhile
                     await params.publish(

@@ -1,13 +1,18 @@
-"""The balance policy, pure: counters in, pause/resume decisions out."""
+"""The balance policy, pure: counters in, grants out (every mode)."""
 
 from __future__ import annotations
 
 import dataclasses
+import pathlib
+import re
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 import pytest
 
-from tianji.rl.balance import BalanceConfig, BalancePolicy, Grant, Observation, stale_mask
+from tianji.rl.balance import UNLIMITED, BalanceConfig, BalancePolicy, Decision, Grant, Observation
+from tianji.rl.lagstats import stale_mask
 from tianji.runtime.errors import ConfigError
 
 PRODUCERS = {"actor-0": 0, "actor-1": 0}
@@ -26,30 +31,71 @@ def off_policy(**kw: float) -> BalancePolicy:
     return BalancePolicy(BalanceConfig(**cfg))  # type: ignore[arg-type]
 
 
-def test_before_min_replay_size_producers_run_and_the_learner_waits() -> None:
-    d = off_policy().decide(Observation(inserted=50, consumed=0, producer_versions=PRODUCERS))
-    assert d.paused == frozenset() and d.learner_waits
+class Producers:
+    """Producers that obey grants: each tick, every producer holding an unfinished grant
+    sends one fragment; the controller records what it granted."""
+
+    def __init__(self, names: Iterable[str], fragment: int) -> None:
+        self.sent = dict.fromkeys(names, 0)
+        self.granted = dict.fromkeys(self.sent, 0)
+        self.fragment = fragment
+        self.most_collecting = 0
+
+    def observe(self, inserted: int, consumed: int, **kw: Any) -> Observation:
+        return Observation(
+            inserted=inserted,
+            consumed=consumed,
+            producer_versions=dict.fromkeys(self.sent, 0),
+            fragments_sent=dict(self.sent),
+            granted=dict(self.granted),
+            **kw,
+        )
+
+    def take(self, d: Decision) -> None:
+        for p, grant in d.grants.items():
+            assert grant.limit > self.granted[p], (p, grant)  # grants only ever rise here
+            self.granted[p] = grant.limit
+        collecting = [p for p in self.sent if self.sent[p] < self.granted[p]]
+        self.most_collecting = max(self.most_collecting, len(collecting))
+
+    def tick(self) -> int:
+        """Samples inserted this tick."""
+        made = 0
+        for p in self.sent:
+            if self.sent[p] < self.granted[p]:
+                self.sent[p] += 1
+                made += self.fragment
+        return made
 
 
-def test_producers_that_run_ahead_are_paused_and_resume_in_the_band() -> None:
+def test_before_min_replay_size_producers_are_granted_and_the_learner_waits() -> None:
+    producers = Producers(PRODUCERS, 32)
+    d = off_policy().decide(producers.observe(50, 0))
+    producers.take(d)
+    assert d.idle == frozenset() and d.learner_waits
+    assert all(n >= 1 for n in producers.granted.values())
+
+
+def test_producers_that_run_ahead_get_no_grant_and_get_one_back_in_the_band() -> None:
     policy = off_policy()
     ahead = policy.decide(Observation(inserted=1100, consumed=1000, producer_versions=PRODUCERS))
-    assert ahead.paused == frozenset(PRODUCERS) and not ahead.learner_waits  # ratio 1.0
+    assert ahead.grants == {} and ahead.idle == frozenset(PRODUCERS)  # ratio 1.0
+    assert not ahead.learner_waits
     balanced = policy.decide(Observation(inserted=600, consumed=1000, producer_versions=PRODUCERS))
-    assert balanced.paused == frozenset() and not balanced.learner_waits  # ratio 2.0
+    assert set(balanced.grants) == set(PRODUCERS) and not balanced.learner_waits  # ratio 2.0
 
 
-def test_no_producer_pauses_while_a_replay_shard_cannot_sample_yet() -> None:
+def test_every_producer_keeps_a_grant_while_a_replay_shard_cannot_sample_yet() -> None:
     # Past min_replay_size in total, but one shard (its actors started late) is still short:
-    # pausing now could keep it short for good while its learner holds the others.
+    # holding its actors now could keep it short for good while its learner holds the others.
     obs = Observation(inserted=1100, consumed=1000, producer_versions=PRODUCERS, filling=True)
     d = off_policy().decide(obs)
-    assert d.paused == frozenset() and not d.learner_waits
+    assert set(d.grants) == set(PRODUCERS) and d.idle == frozenset() and not d.learner_waits
 
 
 def test_a_learner_that_runs_ahead_waits_for_data() -> None:
     d = off_policy().decide(Observation(inserted=400, consumed=1000, producer_versions=PRODUCERS))
-    assert d.learner_waits and d.paused == frozenset()  # ratio 3.33 > 2.5
+    assert d.learner_waits and d.idle == frozenset()  # ratio 3.33 > 2.5
 
 
 @pytest.mark.parametrize(("produce", "consume"), [(64, 16), (16, 64), (32, 64), (100, 10)])
@@ -63,15 +109,14 @@ def test_a_simulated_run_never_leaves_the_band_for_more_than_one_interval(
     """
     policy = off_policy(batch_samples=consume, fragment_samples=produce // 2)
     cfg = policy.config
+    producers = Producers(PRODUCERS, cfg.fragment_samples)
     inserted = consumed = 0
     outside = 0
     entered = False
     for _ in range(2000):
-        d = policy.decide(
-            Observation(inserted=inserted, consumed=consumed, producer_versions=PRODUCERS)
-        )
-        if not d.paused:
-            inserted += produce
+        d = policy.decide(producers.observe(inserted, consumed))
+        producers.take(d)
+        inserted += producers.tick()
         if not d.learner_waits:
             consumed += consume
         band = policy.band(Observation(inserted=inserted, consumed=consumed), len(PRODUCERS))
@@ -90,21 +135,53 @@ def test_a_simulated_run_never_leaves_the_band_for_more_than_one_interval(
 
 
 def test_a_learner_bound_replay_run_converges_to_the_ratio_not_the_band_edge() -> None:
-    """Producers far faster than the learner: they pause at the band's lower edge. The
-    edge is an absolute error buffer, so consumed/inserted converges to replay_ratio (a
-    band relative to all inserts held such runs at replay_ratio - tolerance for good:
-    11.97 for the DQN example's 16 +- 4)."""
+    """Producers far faster than the learner: they get no grant past the band's lower
+    edge. The edge is an absolute error buffer, so consumed/inserted converges to
+    replay_ratio (a band relative to all inserts held such runs at replay_ratio -
+    tolerance for good: 11.97 for the DQN example's 16 +- 4)."""
     policy = off_policy(replay_ratio=16.0, tolerance=4.0, batch_samples=128, fragment_samples=32)
+    producers = Producers(PRODUCERS, 32)
     inserted = consumed = 0
     for _ in range(20_000):
-        obs = Observation(inserted=inserted, consumed=consumed, producer_versions=PRODUCERS)
-        d = policy.decide(obs)
-        if not d.paused:
-            inserted += 2 * 32  # one fragment from each producer per tick
+        d = policy.decide(producers.observe(inserted, consumed))
+        producers.take(d)
+        inserted += producers.tick()  # one fragment from each granted producer per tick
         if not d.learner_waits and (consumed + 128 <= (d.consume_limit or 0)):
             consumed += 128 // 8  # the learner: one update every 8 ticks
     ratio = policy.ratio(Observation(inserted=inserted, consumed=consumed))
     assert ratio is not None and abs(ratio - 16.0) < 0.1, ratio
+
+
+def test_at_most_max_collecting_producers_hold_a_grant_and_the_learner_stays_fed() -> None:
+    """32 replay producers on cores the learner shares: two collect at once. The warm-up
+    is granted exactly (no burst of updates on surplus warm-up data while every producer
+    waits), and the producers are never all idle for longer than the learner takes to
+    consume one fragment's worth at the replay ratio."""
+    names = [f"actor-{i}" for i in range(32)]
+    policy = off_policy(max_collecting=2, min_replay_size=1000, replay_ratio=4.0, tolerance=1.0)
+    cfg = policy.config
+    producers = Producers(names, 32)
+    inserted = consumed = 0
+    idle_run = longest_idle_run = 0
+    inserted_at_start: int | None = None
+    for _ in range(3000):
+        d = policy.decide(producers.observe(inserted, consumed))
+        producers.take(d)
+        learning = not d.learner_waits
+        if learning and inserted_at_start is None:
+            inserted_at_start = inserted
+        idle_run = idle_run + 1 if learning and len(d.idle) == len(names) else 0
+        longest_idle_run = max(longest_idle_run, idle_run)
+        inserted += producers.tick()
+        if learning:
+            consumed += 16
+    assert producers.most_collecting == 2
+    assert inserted_at_start is not None
+    surplus = inserted_at_start - cfg.min_replay_size
+    assert surplus <= policy.error(len(names)) / cfg.replay_ratio + 2 * 32, surplus
+    assert longest_idle_run <= 32 * 4 // 16 + 1, longest_idle_run
+    ratio = policy.ratio(Observation(inserted=inserted, consumed=consumed))
+    assert ratio is not None and abs(ratio - 4.0) < 0.5, ratio
 
 
 def on_policy(
@@ -170,7 +247,7 @@ def test_less_than_a_batch_outstanding_is_always_granted_so_the_learner_never_st
     )
     d = policy.decide(obs)
     assert d.grants is not None and sum(g.limit for g in d.grants.values()) == 4
-    assert len(d.paused) == 4  # the other four have nothing to do: reported as paused
+    assert len(d.idle) == 4  # the other four have nothing to do: reported as idle
 
 
 def test_dropped_and_consumed_samples_free_their_places() -> None:
@@ -211,24 +288,95 @@ def test_exactly_the_samples_over_the_lag_bound_are_stale() -> None:
     ]
 
 
-def test_sync_mode_pauses_each_producer_after_one_fragment_per_version() -> None:
-    policy = BalancePolicy(BalanceConfig(mode="sync", on_policy=True))
-    obs = Observation(
-        inserted=0,
-        consumed=0,
-        learner_version=3,
-        producer_versions={"actor-0": 3, "actor-1": 3},
-        fragments_at_version={"actor-0": 1, "actor-1": 0},
+def test_sync_on_policy_grants_one_fragment_per_actor_per_version_with_those_weights() -> None:
+    policy = BalancePolicy(
+        BalanceConfig(
+            mode="sync", on_policy=True, batch_samples=2 * 512, fragment_samples=512, producers=2
+        )
     )
-    assert policy.decide(obs).paused == {"actor-0"}
-    newer = dataclasses.replace(obs, learner_version=4)
-    assert policy.decide(newer).paused == frozenset()  # new weights are out: go on
+    both = {"actor-0": 2, "actor-1": 3}
+    obs = Observation(inserted=0, consumed=0, learner_version=3, producer_versions=both)
+    d = policy.decide(obs)
+    assert d.grants == {"actor-0": Grant(1, 3), "actor-1": Grant(1, 3)}
+    # both fragments out: nothing more until the learner consumed them
+    sent = dataclasses.replace(obs, produced=1024, granted={"actor-0": 1, "actor-1": 1})
+    sent = dataclasses.replace(sent, fragments_sent={"actor-0": 1, "actor-1": 1})
+    assert policy.decide(sent).grants == {}
+    # consumed at version 3: the next round needs version 4, which is not published yet
+    consumed = dataclasses.replace(sent, consumed=1024, learner_version=4, params_version=3)
+    assert policy.decide(consumed).grants == {}
+    out = dataclasses.replace(consumed, params_version=4)
+    assert policy.decide(out).grants == {"actor-0": Grant(2, 4), "actor-1": Grant(2, 4)}
 
 
-def test_unbalanced_mode_never_pauses_anyone() -> None:
+def test_sync_replay_fills_its_share_then_grants_one_fragment_per_published_version() -> None:
+    policy = BalancePolicy(
+        BalanceConfig(
+            mode="sync",
+            replay_ratio=2.0,
+            min_replay_size=1000,
+            fill_fragments=16,
+            batch_samples=128,
+            fragment_samples=32,
+            producers=2,
+        )
+    )
+    both = {"actor-0": 0, "actor-1": 0}
+    filling = Observation(inserted=100, consumed=0, producer_versions=both)
+    d = policy.decide(filling)
+    assert d.grants == {"actor-0": Grant(16, 0), "actor-1": Grant(16, 0)} and d.learner_waits
+    # filled with version 0 (each sent 16 at it): the learner's round, no grant meanwhile
+    filled = dataclasses.replace(
+        filling,
+        inserted=1024,
+        fragments_sent={"actor-0": 16, "actor-1": 16},
+        fragments_at_version={"actor-0": 16, "actor-1": 16},
+        granted={"actor-0": 16, "actor-1": 16},
+    )
+    d = policy.decide(filled)
+    assert d.grants == {} and not d.learner_waits and d.consume_limit == 128
+    # the round's update is done and its weights (v1) published: one fragment each with them
+    published = dataclasses.replace(filled, consumed=128, learner_version=1, params_version=1)
+    d = policy.decide(published)
+    assert d.grants == {"actor-0": Grant(17, 1), "actor-1": Grant(17, 1)} and d.learner_waits
+
+
+def test_unbalanced_mode_grants_without_limit_and_never_holds_the_learner() -> None:
     policy = BalancePolicy(BalanceConfig(mode="unbalanced"))
     d = policy.decide(Observation(inserted=10**6, consumed=0, producer_versions=PRODUCERS))
-    assert d.paused == frozenset() and not d.learner_waits
+    assert d.grants == {p: Grant(UNLIMITED, 0) for p in PRODUCERS}
+    assert d.idle == frozenset() and not d.learner_waits and d.consume_limit is None
+    granted = dict.fromkeys(PRODUCERS, UNLIMITED)
+    again = Observation(inserted=0, consumed=0, producer_versions=PRODUCERS, granted=granted)
+    assert policy.decide(again).grants == {}  # sent once
+
+
+def test_only_the_balance_policy_reads_the_mode() -> None:
+    """The mode is an enum that only ``tianji.rl.balance`` branches on: the services ask
+    its config what they need (a staleness bound, when to publish). Its config is built
+    in ``rl/run_balance.py``; reports may show it (``"mode": ...``)."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    allowed = {"balance.py", "config.py", "run_balance.py"}
+    branch = re.compile(
+        r"\.mode\s*(==|!=|\bis\b|\bin\b)"  # self.config.controller.mode != ...
+        r"|\bmode\s*(==|!=)\s*[\"']"  # mode == "sync"
+        r"|[\"'](relaxed|sync|unbalanced)[\"']\s*:"  # {"sync": 1, ...}.get(mode)
+        r"|\bMode\.[A-Z]"
+    )
+    readers = []
+    for path in sorted((root / "tianji").rglob("*.py")):
+        if path.name in allowed or "bench" in path.parts:
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if branch.search(line):
+                readers.append(f"{path.relative_to(root)}:{number}: {line.strip()}")
+    assert readers == []
+    before = [  # what the actor and the learner held before the one grant
+        'self.bound_lag = self.on_policy and self.config.controller.mode != "unbalanced"',
+        'if mode == "sync" and not self.on_policy:',
+        'self.fragments_per_version = {"sync": 1, "unbalanced": 0}.get(',
+    ]
+    assert all(branch.search(line) for line in before)
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.test_train_cli import EXAMPLES, train
-from tianji.rl.balance import min_replay_total
+from tianji.rl.run_balance import min_replay_total
 from tianji.rl.topics import index_of, learners_of_shard, shards_of_learner
 from tianji.run.config import load_config
 from tianji.run.plan import RunPlan

@@ -7,16 +7,15 @@ import asyncio
 import pytest
 
 from tianji.rl.algorithm import BufferSpec
-from tianji.rl.balance import BalanceConfig, balance_config
+from tianji.rl.balance import UNLIMITED, BalanceConfig
 from tianji.rl.events import (
     GrantConsumption,
     GrantProduction,
-    PauseProduction,
-    ResumeProduction,
 )
 from tianji.run.config import load_config
 from tianji.runtime.errors import ConfigError
 from tianji.runtime.events import Event, Heartbeat
+from tianji.rl.run_balance import balance_config
 from tianji.services.balancer import Balancer
 
 
@@ -92,11 +91,11 @@ def test_on_policy_producers_get_production_grants_only_on_changes() -> None:
             (n, ev.limit, ev.min_version) for n, ev in send.sent if isinstance(ev, GrantProduction)
         ]
         assert grants == [("actor-0", 2, 0), ("actor-1", 2, 0)]  # 4 = 2 batches outstanding
-        assert not send.of(PauseProduction) and balancer.paused == set()
+        assert balancer.idle == set()
         # each sent both: 4 fragments buffered, the learner at version 0: nothing more
         full = {**on_policy_run(4096, 0, 0, 0), **on_policy_actors(1024, 2, 0)}
         await balancer.update(full, full)
-        assert len(send.of(GrantProduction)) == 2 and balancer.paused == {"actor-0", "actor-1"}
+        assert len(send.of(GrantProduction)) == 2 and balancer.idle == {"actor-0", "actor-1"}
         # one batch consumed: two more, collected with weights 1 (consumed at version 2)
         later = {**on_policy_run(4096, 1024, 1, 1), **on_policy_actors(1024, 2, 1)}
         await balancer.update(later, later)
@@ -107,7 +106,7 @@ def test_on_policy_producers_get_production_grants_only_on_changes() -> None:
     asyncio.run(scenario())
 
 
-def test_relaxed_off_policy_pauses_and_resumes_producers_only_on_changes() -> None:
+def test_relaxed_off_policy_producers_get_grants_only_while_in_the_band() -> None:
     async def scenario() -> None:
         send = Recorder()
         cfg = BalanceConfig(
@@ -127,15 +126,14 @@ def test_relaxed_off_policy_pauses_and_resumes_producers_only_on_changes() -> No
                 "actor-1": hb("actor-1", "actor", policy_version=1),
             }
 
-        ahead = run(1100, 1000)  # ratio 1.0, the band is [1.5, 2.5]: producers pause
+        ahead = run(1100, 1000)  # ratio 1.0, the band is [1.5, 2.5]: no grant
         await balancer.update(ahead, ahead)
-        await balancer.update(ahead, ahead)
-        assert sorted(send.of(PauseProduction)) == ["actor-0", "actor-1"]
+        assert not send.of(GrantProduction) and balancer.idle == {"actor-0", "actor-1"}
         balanced = run(600, 1000)
         await balancer.update(balanced, balanced)
-        assert sorted(send.of(ResumeProduction)) == ["actor-0", "actor-1"]
-        assert not balancer.paused
-        assert balancer.commands["pause"] == 2 and balancer.commands["resume"] == 2
+        await balancer.update(balanced, balanced)  # unchanged: nothing sent again
+        assert sorted(send.of(GrantProduction)) == ["actor-0", "actor-1"]
+        assert not balancer.idle and balancer.commands["grant_production"] == 2
 
     asyncio.run(scenario())
 
@@ -192,17 +190,24 @@ def test_an_off_policy_learner_gets_a_consumption_grant_that_follows_inserts() -
 
 
 @pytest.mark.parametrize("mode", ["sync", "unbalanced"])
-def test_sync_and_unbalanced_modes_send_no_pauses(mode: str) -> None:
+def test_on_policy_sync_and_unbalanced_runs_grant_production_and_never_limit_learners(
+    mode: str,
+) -> None:
     async def scenario() -> Recorder:
         send = Recorder()
         cfg = BalanceConfig(mode=mode, on_policy=True, batch_samples=1024, fragment_samples=512)
         balancer = Balancer(cfg, send)
-        backlog = on_policy_run(inserted=60000, consumed=4096, version=4, actor_version=0)
-        await balancer.update(backlog, backlog)
+        start = {**on_policy_run(0, 0, 4, 4), **on_policy_actors(0, 0, 4)}
+        await balancer.update(start, start)
         return send
 
     send = asyncio.run(scenario())
-    assert not send.of(PauseProduction) and not send.of(GrantConsumption)
+    grants = [(n, ev.limit, ev.min_version) for n, ev in send.sent]
+    if mode == "sync":  # one fragment each, with the learner's weights
+        assert grants == [("actor-0", 1, 4), ("actor-1", 1, 4)]
+    else:
+        assert grants == [("actor-0", UNLIMITED, 0), ("actor-1", UNLIMITED, 0)]
+    assert not send.of(GrantConsumption)
 
 
 def test_metrics_report_rates_ratio_pauses_drops_and_lag() -> None:
@@ -250,15 +255,18 @@ def test_sync_mode_settings_that_could_never_progress_are_config_errors(tmp_path
         "examples/cartpole_ppo.toml", ['controller.mode="sync"', "algo.fragments_per_batch=3"]
     )
     with pytest.raises(ConfigError, match=r"fragments_per_batch|actors\.count"):
-        balance_config(ppo, BufferSpec(kind="rollout", capacity=64, batch_size=3, min_size=3), 512)
+        balance_config(ppo, BufferSpec(kind="rollout", capacity=64, batch_size=3, min_size=3))
     dqn = load_config(
         "examples/cartpole_dqn.toml",
         ['controller.mode="sync"', "controller.replay_ratio=0.5", "controller.tolerance=0.1"],
-    )
+    )  # 0.5 x 2 actors x 32 samples a fragment: 32 per round, less than one batch of 128
     with pytest.raises(ConfigError, match=r"controller\.replay_ratio"):
-        balance_config(
-            dqn, BufferSpec(kind="replay", capacity=1000, batch_size=128, min_size=100), 32
-        )
+        balance_config(dqn, BufferSpec(kind="replay", capacity=1000, batch_size=128, min_size=100))
+    interval = load_config(
+        "examples/cartpole_ppo.toml", ['controller.mode="sync"', "learner.publish_interval=2"]
+    )
+    with pytest.raises(ConfigError, match=r"learner\.publish_interval"):
+        balance_config(interval, BufferSpec(kind="rollout", capacity=8, batch_size=2, min_size=2))
 
 
 @pytest.mark.parametrize(
@@ -299,11 +307,10 @@ def test_data_parallel_learners_are_each_granted_their_share_of_the_limit() -> N
 def test_the_balance_counts_a_batch_from_every_learner_per_version() -> None:
     run = load_config("examples/cartpole_ppo.toml", ["learner.count=2"])
     spec = BufferSpec(kind="rollout", capacity=8, batch_size=2, min_size=2)
-    cfg = balance_config(run, spec, fragment_samples=256)
+    cfg = balance_config(run, spec)  # 64 steps x 4 envs a fragment
     assert cfg.learners == 2 and cfg.batch_samples == 2 * 2 * 256
     with pytest.raises(ConfigError, match="2 learner"):
         balance_config(
             load_config("examples/cartpole_ppo.toml", ["learner.count=2", "controller.mode=sync"]),
             spec,
-            fragment_samples=256,
         )

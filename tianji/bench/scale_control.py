@@ -7,7 +7,7 @@ a progress snapshot every 2 s as ``tianji train`` does. The S services are simul
 many per process (``SIM_PROCESSES``), each with its own TCP connection and the real wire
 events: it registers (``RegisterService`` with its role's topics), watches its role's
 topics (``WatchTopics``), then sends a ``Heartbeat`` every second with its role's counters
-moving as in a run (actors insert a fragment a second unless paused; the learner consumes
+moving as in a run (actors insert a fragment a second while granted; the learner consumes
 what the buffer inserted) and reads the controller's commands (pause/resume, grants).
 
 Measured, after every service registered and a warm-up, over a window of ``seconds``:
@@ -206,7 +206,7 @@ class _Sim:
         self.sent_at = 0.0
         self.waiting: set[str] = set()
         self.answered: float | None = None
-        self.paused = False
+        self.limit: int | None = None  # fragments granted in all (None: no grant yet)
         self.counters: dict[str, int] = {}
         self.gauges: dict[str, float] = {}
 
@@ -242,7 +242,7 @@ async def _sim_main(job: dict[str, Any]) -> dict[str, Any]:
         return [b"", *codec.encode(ev)]  # CONTROL topic, then the event
 
     async def reader(sim: _Sim) -> None:
-        from tianji.rl.events import PauseProduction, ResumeProduction
+        from tianji.rl.events import GrantProduction
 
         try:
             while True:
@@ -252,10 +252,8 @@ async def _sim_main(job: dict[str, Any]) -> dict[str, Any]:
                     sim.waiting.discard("")
                 elif isinstance(ev, PublishersChanged):
                     sim.waiting.discard(ev.topic)
-                elif isinstance(ev, PauseProduction):
-                    sim.paused = True
-                elif isinstance(ev, ResumeProduction):
-                    sim.paused = False
+                elif isinstance(ev, GrantProduction):
+                    sim.limit = ev.limit
                 elif isinstance(ev, Shutdown):
                     return
                 if sim.answered is None and not sim.waiting:
@@ -322,7 +320,8 @@ async def _sim_main(job: dict[str, Any]) -> dict[str, Any]:
                 continue
             next_beat[id(sim)] += 1.0
             c = sim.counters
-            if sim.role == "actor" and not sim.paused:
+            granted = sim.limit is None or c.get(ActorStat.FRAGMENTS_SENT, 0) < sim.limit
+            if sim.role == "actor" and granted:
                 c[ActorStat.ENV_STEPS] = c.get(ActorStat.ENV_STEPS, 0) + fragment
                 c[ActorStat.SAMPLES_PRODUCED] = c.get(ActorStat.SAMPLES_PRODUCED, 0) + fragment
                 c[ActorStat.FRAGMENTS_SENT] = c.get(ActorStat.FRAGMENTS_SENT, 0) + 1

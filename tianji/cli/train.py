@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 from tianji.dashboard import add_dashboard_options
-from tianji.rl.config import RunConfig
+from tianji.rl.config import Mode, RunConfig
 from tianji.run.rundir import RunDirectory
 from tianji.run.train import train
 from tianji.runtime.errors import ConfigError
@@ -87,7 +87,7 @@ def add_run_options(p: Any, *, run: bool = True, resume: bool = False) -> None:
     p.add_argument("--seed", type=int)
     p.add_argument(
         "--mode",
-        choices=["relaxed", "sync", "unbalanced"],
+        choices=[str(m) for m in Mode],
         help="controller.mode: relaxed (default), sync (baseline) or unbalanced (no limits)",
     )
     p.add_argument("--learners", type=int, help="data-parallel learners (learner.count)")

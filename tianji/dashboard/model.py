@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tianji.rl.stats import LearnerStat
+from tianji.rl.tally import lag_summary
 from tianji.rl.topics import index_of
 from tianji.runtime.controller import Controller
 from tianji.runtime.events import Heartbeat
@@ -26,7 +27,6 @@ from tianji.services.balancer import (
     accounting,
     balancer_of,
     dropped_by_reason,
-    lag_summary,
 )
 from tianji.services.monitor import newest_evaluation
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import collections.abc
 import dataclasses
 import difflib
+import enum
 import os
 import types
 import typing
@@ -40,6 +41,7 @@ __all__ = [
     "EnvConfig",
     "InferenceConfig",
     "LearnerConfig",
+    "Mode",
     "RayConfig",
     "RunConfig",
     "StopConfig",
@@ -102,11 +104,6 @@ class ActorConfig:
     """Groups of envs per actor (an env ring): with ``inference = "service"`` one group
     steps its envs while another waits for its actions. ``envs_per_actor`` must be a
     multiple of it."""
-    max_fragments_per_version: int = 0
-    """Off-policy ``relaxed`` runs: an actor sends at most this many fragments per policy
-    version, then waits for newer weights (0: no limit; never before the learner's first
-    update). On-policy ``relaxed`` runs ignore it: the controller's production grants say
-    how many fragments each actor collects and with which weights."""
 
     def __post_init__(self) -> None:
         _positive("actors", self, ("count", "envs_per_actor", "fragment_length", "splits"))
@@ -115,10 +112,6 @@ class ActorConfig:
             raise ConfigError("actors.splits", self.splits, why)
         if self.inference not in ("local", "service"):
             raise ConfigError("actors.inference", self.inference, '"local" or "service"')
-        if self.max_fragments_per_version < 0:
-            raise ConfigError(
-                "actors.max_fragments_per_version", self.max_fragments_per_version, "an int >= 0"
-            )
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -282,23 +275,38 @@ class EvalConfig:
         )
 
 
-CONTROLLER_MODES = ("relaxed", "sync", "unbalanced")
+class Mode(enum.StrEnum):
+    """How the controller paces producers and learners (``[controller] mode``); only the
+    balance policy (:mod:`tianji.rl.balance`) reads it."""
+
+    RELAXED = "relaxed"
+    """Asynchronous, balanced, staleness-bounded."""
+    SYNC = "sync"
+    """One version's worth of fragments per round; the learner waits for every actor."""
+    UNBALANCED = "unbalanced"
+    """Asynchronous with no limits (to measure what the balance buys)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class ControllerConfig:
     """How the controller balances production and consumption (see ``tianji.rl.balance``)."""
 
-    mode: str = "relaxed"
-    """relaxed: asynchronous, balanced, staleness-bounded; sync: actors wait for new weights
-    after each fragment and the learner waits for every actor; unbalanced: asynchronous with
-    no limits (to measure what the balance buys)."""
+    mode: Mode = Mode.RELAXED
+    """relaxed: asynchronous, balanced, staleness-bounded; sync: actors collect one
+    fragment per policy version and the learner waits for every actor; unbalanced:
+    asynchronous with no limits (to measure what the balance buys)."""
     replay_ratio: float = 2.0
     """Off-policy: samples the learner consumes per sample inserted."""
     tolerance: float = 1.0
     """Off-policy: the allowed deviation of the consumed/inserted ratio from replay_ratio
     over one round of inserts (a fragment from every actor); over the run the ratio
     converges to replay_ratio (an absolute error buffer, as Reverb's rate limiter)."""
+    max_collecting: int = 0
+    """Producers that may collect at once (hold an unfinished grant). 0: for an off-policy
+    run, as many as the CPU cores of the machine that plans the run (its learner shares
+    them: 32 replay actors collecting together on 2 cores starve it); no bound for an
+    on-policy run (``lag_target`` bounds what is outstanding). Set it for runs spread over
+    hosts."""
     lag_target: int = 1
     """On-policy: producers pause when what they would collect next would be consumed more
     than this many policy versions late (``learner.max_policy_lag`` is the hard bound: older
@@ -316,8 +324,12 @@ class ControllerConfig:
             raise ConfigError(
                 "controller.watchdog_seconds", self.watchdog_seconds, "a number of seconds >= 0"
             )
-        if self.mode not in CONTROLLER_MODES:
-            raise ConfigError("controller.mode", self.mode, " | ".join(CONTROLLER_MODES))
+        try:
+            object.__setattr__(self, "mode", Mode(self.mode))
+        except ValueError:
+            raise ConfigError("controller.mode", self.mode, " | ".join(Mode)) from None
+        if self.max_collecting < 0:
+            raise ConfigError("controller.max_collecting", self.max_collecting, "an int >= 0")
         if not 0 <= self.tolerance < self.replay_ratio:
             raise ConfigError(
                 "controller.tolerance", self.tolerance, f"0 <= tolerance < {self.replay_ratio}"
@@ -511,7 +523,7 @@ class RunConfig:
                 shards,
                 f"at most actors.count={self.actors.count} (one actor each)",
             )
-        if shards > 1 and self.controller.mode == "sync":
+        if shards > 1 and self.controller.mode == Mode.SYNC:
             raise ConfigError(
                 "buffer.shards", shards, "1 with controller.mode = 'sync' (one round of all actors)"
             )
@@ -578,6 +590,11 @@ def check_value(key: str, value: Any, hint: Any) -> Any:
         if value is None:
             return None
         raise ConfigError(key, value, "null")
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        try:
+            return hint(value)
+        except ValueError:
+            raise ConfigError(key, value, " | ".join(str(m.value) for m in hint)) from None
     if hint is float and type(value) in (int, float):
         return float(value)
     if origin is dict:

@@ -22,35 +22,20 @@ __all__ = [
     "GradientsShared",
     "ComputeActions",
     "ParamsPublished",
-    "PauseProduction",
     "PolicyEvaluated",
     "PrioritiesUpdated",
     "GrantProduction",
-    "ResumeProduction",
     "SampleBatch",
     "TrajectoryCollected",
 ]
 
 
 @event
-class PauseProduction(Event):
-    """Command a producer to stop producing until resumed."""
-
-    reason: str
-
-
-@event
-class ResumeProduction(Event):
-    """Command a paused producer to continue."""
-
-    reason: str
-
-
-@event
 class GrantProduction(Event):
-    """Command an on-policy producer: it may have sent ``limit`` fragments in all (counted
-    from its start) and starts each one only once it holds weights of ``min_version`` or
-    newer. A grant replaces the previous one; ``limit`` never decreases."""
+    """Command a producer (every mode, on- and off-policy; :mod:`tianji.rl.balance`): it may
+    have sent ``limit`` fragments in all (counted from its start) and starts each one only
+    once it holds weights of ``min_version`` or newer. A grant replaces the previous one:
+    a lower ``limit`` takes back what was granted and not started (a pause)."""
 
     limit: int
     min_version: int

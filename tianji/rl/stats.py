@@ -89,7 +89,6 @@ class ActorStat:
     """Weights loaded from the params board while the board overwrote them (newer ones were
     published meanwhile): not used; the actor waits for the newer version."""
     EPISODES: Final = "episodes"
-    PAUSES: Final = "pauses"
     # gauges
     POLICY_VERSION: Final = "policy_version"
     """The version of the weights it acts with."""

@@ -20,10 +20,10 @@ from typing import Any, TextIO
 from tianji.launch.base import LaunchPlan
 from tianji.launch.spec import ServiceSpec
 from tianji.rl.algorithm import BufferSpec
-from tianji.rl.balance import balance_config
 from tianji.rl.checkpoint import Checkpoint, read_checkpoint, replay_file
 from tianji.rl.config import RunConfig, to_dict
 from tianji.rl.events import TakeCheckpoint
+from tianji.rl.run_balance import balance_config
 from tianji.rl.stats import LearnerStat
 from tianji.rl.topics import buffer_name, inference_name, learner_name
 from tianji.run import progress as _progress
@@ -53,9 +53,9 @@ FINAL_CHECKPOINT_S = 8.0
 def _warn_lag_capped(balance: Any) -> None:
     """Say so when the rollout buffer is too small for the lag the controller may allow
     (it never grants more fragments than the buffer holds)."""
-    if not (balance.on_policy and balance.mode == "relaxed" and balance.buffer_fragments):
+    if not (balance.on_policy and balance.buffer_fragments):
         return
-    target = min(balance.lag_target, balance.max_policy_lag)
+    target = balance.target
     needed = balance.batch_fragments * (target + 1)
     if balance.buffer_fragments < needed:
         reached = max(0, balance.buffer_fragments // balance.batch_fragments - 1)
@@ -201,8 +201,7 @@ class RunPlan:
         algo = make_algorithm(config, seed=config.seed, device="cpu")  # validates everything
         spec: BufferSpec = algo.buffer_spec()
         del algo
-        fragment_samples = config.actors.fragment_length * config.actors.envs_per_actor
-        balance = balance_config(config, spec, fragment_samples)  # validates the mode
+        balance = balance_config(config, spec)  # validates the mode
         _warn_lag_capped(balance)
         specs = build_specs(config, dataclasses.asdict(spec))
         plan = cls(config, specs, balance, spec.kind == "rollout", out, metrics_path)

@@ -21,7 +21,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from tianji.rl.balance import LagStats
+from tianji.rl.lagstats import LagStats
 from tianji.rl.stats import BufferStat, LearnerStat
 from tianji.runtime.controller import Controller
 from tianji.runtime.events import Heartbeat

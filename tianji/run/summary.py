@@ -7,15 +7,12 @@ from typing import Any
 
 from tianji.rl.config import RunConfig
 from tianji.rl.stats import LearnerStat, MonitorStat
+from tianji.rl.tally import lag_summary
 from tianji.run import progress as _progress
 from tianji.run.progress import RunFacts, learner_totals, plain_line, take_snapshot
 from tianji.runtime.controller import Controller
 from tianji.runtime.service import ServiceStat
-from tianji.services.balancer import (
-    accounting,
-    balancer_of,
-    lag_summary,
-)
+from tianji.services.balancer import accounting, balancer_of
 from tianji.services.monitor import TrainMonitor
 
 __all__ = ["metrics_row", "progress_line", "summarize"]

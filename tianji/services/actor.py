@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 
-from tianji.rl.balance import min_replay_total
 from tianji.rl.books import Outbox
 from tianji.rl.envs import make_vector_env
 from tianji.rl.events import (
@@ -19,8 +18,6 @@ from tianji.rl.events import (
     EpisodesFinished,
     GrantProduction,
     ParamsPublished,
-    PauseProduction,
-    ResumeProduction,
     TrajectoryCollected,
 )
 from tianji.rl.slots import StateSlots
@@ -81,29 +78,15 @@ class ActorService(Service):
             self.subscribe(actions_topic(name), self.on_actions)
         self.policy_version = -1
         self.sent_at_version = 0
-        self.on_policy = self.algo.buffer_spec().kind == "rollout"
-        mode = self.config.controller.mode
-        # On-policy relaxed: the controller grants every fragment (GrantProduction).
-        self.granted = self.on_policy and mode == "relaxed"
+        # What the controller lets us collect: fragments in all, and the oldest weights
+        # (tianji.rl.balance); nothing until its first grant.
         self.grant = GrantProduction(limit=0, min_version=0, reason="no grant yet")
-        self.fragments_per_version = {"sync": 1, "unbalanced": 0}.get(
-            mode, 0 if self.granted else self.config.actors.max_fragments_per_version
-        )
-        # Sync replay: the actors fill the replay to learning_starts together, exactly,
-        # before the first round (each its share), not for as long as the learner takes
-        # to start.
-        self.fill_fragments = 0
-        if mode == "sync" and not self.on_policy:
-            actors = run.actors
-            total = min_replay_total(run, self.algo.buffer_spec().min_size)
-            per_round = actors.count * actors.fragment_length * actors.envs_per_actor
-            self.fill_fragments = max(1, -(-total // per_round))
-        self.paused_by: str | None = None  # the controller's reason while paused
+        self._revoked = False  # the last grant left nothing to collect (a pause)
         self._pending: ParamsPublished | None = None
         self._pending_lease: Lease | None = None
         self._torn = False  # the last weights loaded were overwritten on the board meanwhile
         self._have_params = asyncio.Event()
-        self._wake = asyncio.Event()  # new params or a resume: re-check _pace
+        self._wake = asyncio.Event()  # new params or a new grant: re-check _pace
         self.gauges[ActorStat.PAUSED_S] = 0.0
         self._paused_before = 0.0  # seconds of the waits that ended
         self._waiting_since: float | None = None  # loop time the wait under way began
@@ -121,19 +104,16 @@ class ActorService(Service):
             self.counters["params_ignored"] += 1
 
     async def on_control(self, ev: Event) -> None:
-        if isinstance(ev, PauseProduction):
-            self.paused_by = ev.reason
-            self.counters[ActorStat.PAUSES] += 1
-            self.report_soon()  # (already waiting: say so now; a draining run waits for it)
-        elif isinstance(ev, ResumeProduction):
-            self.paused_by = None
+        if isinstance(ev, GrantProduction):
+            # The newest grant holds, lower or higher: the controller's link is ordered,
+            # and a lower one takes back what was not started (a run that drains).
+            self.grant = ev
+            self._revoked = not self._granted()
+            self.gauges[ActorStat.GRANT_LIMIT] = ev.limit
+            self.gauges[ActorStat.GRANT_MIN_VERSION] = ev.min_version
             self._wake.set()
-        elif isinstance(ev, GrantProduction):
-            if ev.limit >= self.grant.limit:  # a late, older grant changes nothing
-                self.grant = ev
-                self.gauges[ActorStat.GRANT_LIMIT] = ev.limit
-                self.gauges[ActorStat.GRANT_MIN_VERSION] = ev.min_version
-                self._wake.set()
+            if self._revoked:
+                self.report_soon()  # (already waiting: say so now; a draining run waits for it)
         else:
             await super().on_control(ev)
 
@@ -195,45 +175,31 @@ class ActorService(Service):
             self._have_params.clear()
             self.report_soon()
 
-    def _must_wait(self) -> bool:
-        """Paused by the controller, this version produced its share of fragments, or
-        (on-policy relaxed) no fragment granted or the weights older than the grant's.
+    def _granted(self) -> bool:
+        """A fragment is granted and not sent yet."""
+        return self.counters[ActorStat.FRAGMENTS_SENT] < self.grant.limit
 
-        The per-version share (``sync`` mode: one fragment; ``relaxed`` off-policy:
-        ``actors.max_fragments_per_version``) applies off-policy only once the learner has
-        updated: until then the replay buffer must fill (in ``sync`` mode each actor sends
-        its share of ``learning_starts``, ``fill_fragments``, and no more).
-        """
-        if self.paused_by is not None or self._torn:
-            return True
-        if self.granted and (
-            self.counters[ActorStat.FRAGMENTS_SENT] >= self.grant.limit
-            or self.policy_version < self.grant.min_version
-        ):
-            return True
-        limit = self.fragments_per_version
-        if not limit:
+    def _may_collect(self) -> bool:
+        """Granted, with weights at least as new as the grant asks (loaded only now: an
+        actor waiting for a grant does not load every version published meanwhile)."""
+        if not self._granted():
             return False
-        if self.on_policy or self.policy_version > 0:
-            return self.sent_at_version >= limit
-        return bool(self.fill_fragments) and self.sent_at_version >= self.fill_fragments
+        self._apply_params()
+        return not self._torn and self.policy_version >= self.grant.min_version
 
     async def _pace(self) -> None:
-        """Wait while :meth:`_must_wait`; new weights are applied while waiting (a producer
-        paused for stale weights resumes once it has newer ones)."""
-        self._apply_params()
-        if not self._must_wait():
+        """Wait until :meth:`_may_collect`: a grant, and the weights it asks for."""
+        if self._may_collect():
             return
         loop = asyncio.get_running_loop()
         self._waiting_since = started = loop.time()
         self.gauges[ActorStat.WAITING] = 1.0
-        if self.paused_by is not None:
+        if self._revoked:
             self.report_soon()  # a run that drains before it stops waits to see this
         try:
-            while self._must_wait():
+            while not self._may_collect():
                 self._wake.clear()
                 await self._wake.wait()
-                self._apply_params()
         finally:
             self.gauges[ActorStat.WAITING] = 0.0
             self._waiting_since = None

@@ -3,8 +3,7 @@
 It turns the heartbeats of actors, buffers and learners into
 :class:`~tianji.rl.balance.Observation` values, asks the pure
 :class:`~tianji.rl.balance.BalancePolicy`, and sends what changed as commands
-(:class:`~tianji.rl.events.GrantProduction`, :class:`~tianji.rl.events.PauseProduction` /
-:class:`~tianji.rl.events.ResumeProduction` to actors,
+(:class:`~tianji.rl.events.GrantProduction` to actors,
 :class:`~tianji.rl.events.GrantConsumption` to learners). It never touches data. It also
 keeps the run's balance metrics (:meth:`Balancer.metrics`), its watchdog, and the sample
 accounting (:func:`accounting`), and settles the counts of services that die.
@@ -24,20 +23,16 @@ from typing import Any
 
 import msgspec
 
-from tianji.rl.balance import BalanceConfig, BalancePolicy, Decision, Grant, LagStats, Observation
+from tianji.rl.balance import BalanceConfig, BalancePolicy, Decision, Grant, Observation
 from tianji.rl.books import accounting, dropped_by_reason
-from tianji.rl.events import (
-    GrantConsumption,
-    GrantProduction,
-    PauseProduction,
-    ResumeProduction,
-)
+from tianji.rl.events import GrantConsumption, GrantProduction
 from tianji.rl.stats import ActorStat, BookStat, BufferStat, Dropped, LearnerStat
+from tianji.rl.tally import Tally, lag_summary
 from tianji.rl.topics import index_of, shard_of_actor
 from tianji.runtime.controller import Controller, Send
 from tianji.runtime.events import Event, Heartbeat
 
-__all__ = ["Balancer", "Tally", "accounting", "balancer_of", "dropped_by_reason", "lag_summary"]
+__all__ = ["Balancer", "accounting", "balancer_of", "dropped_by_reason"]
 
 log = logging.getLogger("tianji.balancer")
 
@@ -56,13 +51,11 @@ def balancer_of(controller: Controller) -> Balancer | None:
 class Balancer:
     """The controller's balance shell: heartbeats in, commands out; the policy decides.
 
-    In ``sync`` mode each actor enforces one fragment per policy version itself (a round
-    trip through the controller would only add latency to the baseline), so the policy's
-    ``paused`` set is reported, not sent; the learner's grant is sent in every mode but
-    ``unbalanced``. With K data-parallel learners the policy's limit is for all of them
-    and each learner is granted ``limit // K`` (they consume equal batches in lockstep).
-    On-policy ``relaxed`` producers are paced by production grants (``GrantProduction``);
-    off-policy ones by ``PauseProduction`` / ``ResumeProduction``.
+    Every producer, in every mode, is paced by production grants (``GrantProduction``)
+    and sent only the grants a decision raises. Off-policy learners get a consumption
+    limit (``GrantConsumption``); with K data-parallel learners the policy's limit is for
+    all of them and each learner is granted ``limit // K`` (they consume equal batches in
+    lockstep).
 
     It is also the run's watchdog: when no sample is produced and none consumed for
     ``config.watchdog_s`` seconds while producers and learners are up, it logs who waits for
@@ -86,7 +79,7 @@ class Balancer:
         self.policy = BalancePolicy(config)
         self._send: Send = send or _unattached
         self.window = window
-        self.paused: set[str] = set()
+        self.idle: set[str] = set()  # producers with nothing granted to collect
         self.grants: dict[str, int] = {}  # learner -> consume limit sent
         self.production: dict[str, Grant] = {}  # producer -> production grant sent
         self._incarnation: dict[str, float | None] = {}  # producer -> registered_at
@@ -164,7 +157,7 @@ class Balancer:
         self.grants.pop(name, None)
         self.production.pop(name, None)
         self._incarnation.pop(name, None)
-        self.paused.discard(name)
+        self.idle.discard(name)
 
     @staticmethod
     def observe(
@@ -195,13 +188,9 @@ class Balancer:
         if self.last is None or decision.reason.split(":")[0] != self.last.reason.split(":")[0]:
             log.debug("balance: %s", decision.reason)
         self.last = decision
-        if decision.grants is not None:
-            await self._grant_production(decision, live)
-        elif self.config.mode == "relaxed":
-            await self._pause_resume(decision)
-        self.paused &= set(live)
+        await self._grant_production(decision, live)
         self._watch(obs, heartbeats, live, now)
-        if self.config.mode == "unbalanced" or decision.consume_limit is None:
+        if not self.config.limits_consumption or decision.consume_limit is None:
             return
         # Data-parallel learners step together on equal batches: each gets an equal share.
         limit = decision.consume_limit // self.config.learners
@@ -222,8 +211,7 @@ class Balancer:
                 self.forget(name)
 
     async def _grant_production(self, decision: Decision, live: Mapping[str, Any]) -> None:
-        assert decision.grants is not None
-        self.paused = set(decision.paused)
+        self.idle = set(decision.idle) & set(live)
         for name, grant in sorted(decision.grants.items()):
             ev = GrantProduction(
                 limit=grant.limit, min_version=grant.min_version, reason=decision.reason
@@ -272,18 +260,13 @@ class Balancer:
             version = obs.producer_versions[name]
             sent = obs.fragments_sent.get(name, 0)
             grant = self.production.get(name)
-            if grant is not None or (self.config.on_policy and self.config.mode == "relaxed"):
-                limit = grant.limit if grant else 0
-                if sent >= limit:
-                    why = f"waits for a grant (sent {sent} of {limit} granted)"
-                elif grant is not None and version < grant.min_version:
-                    why = f"waits for weights v{grant.min_version} (has v{version})"
-                else:
-                    why = f"may collect (sent {sent} of {limit} granted, v{version})"
-            elif name in self.paused:
-                why = f"paused (v{version})"
+            limit = grant.limit if grant else 0
+            if sent >= limit:
+                why = f"waits for a grant (sent {sent} of {limit} granted)"
+            elif grant is not None and version < grant.min_version:
+                why = f"waits for weights v{grant.min_version} (has v{version})"
             else:
-                why = f"not paused (v{version}, {obs.fragments_at_version.get(name, 0)} at it)"
+                why = f"may collect (sent {sent} of {limit} granted, v{version})"
             parts.append(f"{name} {why}")
         for name, hb in sorted(heartbeats.items()):
             if name not in live:
@@ -306,17 +289,6 @@ class Balancer:
             parts.append(f"balance: {self.last.reason}")
         return "; ".join(parts)
 
-    async def _pause_resume(self, decision: Decision) -> None:
-        wanted = set(decision.paused)
-        for name in sorted(wanted - self.paused):
-            if await self._send(name, PauseProduction(reason=decision.reason)):
-                self.paused.add(name)
-                self.commands["pause"] += 1
-        for name in sorted(self.paused - wanted):
-            self.paused.discard(name)
-            if await self._send(name, ResumeProduction(reason=decision.reason)):
-                self.commands["resume"] += 1
-
     def rates(self) -> tuple[float, float]:
         """Samples inserted and consumed per second over the last ``window`` seconds."""
         if len(self._history) < 2:
@@ -332,7 +304,7 @@ class Balancer:
         return {
             "balance/production_per_s": production,
             "balance/consumption_per_s": consumption,
-            "balance/paused_producers": float(len(self.paused)),
+            "balance/paused_producers": float(len(self.idle)),
             "balance/decisions": float(self.decisions),
         }
 
@@ -360,7 +332,7 @@ class Balancer:
             "ratio": round(obs.consumed / effective, 3) if effective > 0 else None,
             "ratio_target": None if self.config.on_policy else self.config.replay_ratio,
             "ratio_window": round(consumption / production, 3) if production > 0 else None,
-            "paused_now": sorted(self.paused),
+            "paused_now": sorted(self.idle),  # nothing granted to collect
             "pause_s": pause,
             "pause_s_total": round(sum(pause.values()), 3),
             "learner_wait_s": round(wait, 3),
@@ -375,144 +347,7 @@ class Balancer:
                 n: {"limit": g.limit, "min_version": g.min_version}
                 for n, g in sorted(self.production.items())
             },
+            "max_collecting": self.config.max_collecting or None,
             "stalled": self.stalled,
             "stalls": self.stalls,
         }
-
-
-class Tally:
-    """The totals the balance policy reads, kept per heartbeat instead of summed over every
-    service for every decision: :meth:`scan` finds the heartbeats that are new since the
-    last scan (an identity check per service) and moves only their part of the totals;
-    :meth:`observation` reads the totals (and the per-producer gauges of live actors).
-
-    The sums (``inserted``, ``consumed``, ``dropped``, ``produced``) cover every heartbeat,
-    live and retired (``name#k``); the gauges count only live services, as before.
-    """
-
-    def __init__(self) -> None:
-        self.settled: dict[str, int] = {}  # retired name -> samples lost on the way to it
-        self._reset()
-
-    def _reset(self) -> None:
-        self._seen: dict[str, Heartbeat] = {}
-        self._parts: dict[str, tuple[int, int, int, int]] = {}
-        self.inserted = self.consumed = self.dropped = self.produced = 0
-        self.buffers: dict[str, bool] = {}  # buffer -> still filling
-        self.learners: dict[str, tuple[int, int | None]] = {}  # -> (updates, params version)
-        self.learner_consumed: dict[str, int] = {}  # learner (and retired ones, name#k)
-        self.actors: dict[str, tuple[int, int, int]] = {}  # -> (version, at it, sent)
-
-    def scan(self, heartbeats: Mapping[str, Heartbeat]) -> None:
-        """Take in the heartbeats that changed since the last scan."""
-        seen = self._seen
-        for name, hb in heartbeats.items():
-            if seen.get(name) is not hb:
-                self._take(name, hb)
-        if len(seen) != len(heartbeats):  # one went without forget(): start over
-            self._reset()
-            for name, hb in heartbeats.items():
-                self._take(name, hb)
-
-    def remove(self, name: str) -> None:
-        """``name``'s heartbeat is gone (it is counted again under its retired name)."""
-        part = self._parts.pop(name, None)
-        self._seen.pop(name, None)
-        if part is not None:
-            self._add(part, -1)
-        self.buffers.pop(name, None)
-        self.learners.pop(name, None)
-        self.learner_consumed.pop(name, None)
-        self.actors.pop(name, None)
-
-    def retired_consumed(self, name: str) -> int:
-        """Samples consumed by the earlier incarnations of learner ``name`` (``name#k``,
-        see Controller.retire)."""
-        prefix = f"{name}#"
-        return sum(n for k, n in self.learner_consumed.items() if k.startswith(prefix))
-
-    def _take(self, name: str, hb: Heartbeat) -> None:
-        old = self._parts.get(name)
-        if old is not None:
-            self._add(old, -1)
-        c = hb.counters
-        dropped = _dropped(hb)
-        if hb.role == "buffer":
-            part = (c.get(BufferStat.SAMPLES_INSERTED, 0), 0, dropped, 0)
-            self.buffers[name] = hb.gauges.get(BufferStat.READY, 1.0) < 1.0
-        elif hb.role == "learner":
-            part = (0, c.get(LearnerStat.SAMPLES_CONSUMED, 0), dropped, 0)
-            params = hb.gauges.get(LearnerStat.PARAMS_VERSION)
-            updates = c.get(LearnerStat.LEARNER_UPDATES, 0)
-            self.learners[name] = (updates, None if params is None else int(params))
-            self.learner_consumed[name] = part[1]
-        elif hb.role == "actor":
-            part = (0, 0, dropped, c.get(ActorStat.SAMPLES_PRODUCED, 0))
-            self.actors[name] = (
-                int(hb.gauges.get(ActorStat.POLICY_VERSION, -1)),
-                int(hb.gauges.get(ActorStat.FRAGMENTS_AT_VERSION, 0)),
-                int(c.get(ActorStat.FRAGMENTS_SENT, 0)),
-            )
-        else:
-            part = (0, 0, 0, 0)
-        self._parts[name] = part
-        self._seen[name] = hb
-        self._add(part, 1)
-
-    def _add(self, part: tuple[int, int, int, int], sign: int) -> None:
-        self.inserted += sign * part[0]
-        self.consumed += sign * part[1]
-        self.dropped += sign * part[2]
-        self.produced += sign * part[3]
-
-    def observation(
-        self, live: Mapping[str, Any], granted: Mapping[str, int] | None = None
-    ) -> Observation:
-        """The policy's view: the totals, and the gauges of the live services (a producer
-        counts from its first heartbeat since it registered: until then the last one may
-        be an earlier incarnation's)."""
-        version, params = 0, None
-        for name, (updates, published) in self.learners.items():
-            version = max(version, updates)
-            if published is not None and name in live:
-                params = max(params or 0, published)
-        filling = any(f and name in live for name, f in self.buffers.items())
-        versions: dict[str, int] = {}
-        fragments: dict[str, int] = {}
-        sent: dict[str, int] = {}
-        for name, (v, f, s) in self.actors.items():
-            record = live.get(name)
-            if record is not None and getattr(record, "last_heartbeat", True) is not None:
-                versions[name], fragments[name], sent[name] = v, f, s
-        return Observation(
-            inserted=self.inserted,
-            consumed=self.consumed,
-            dropped=self.dropped + sum(self.settled.values()),
-            learner_version=version,
-            producer_versions=versions,
-            fragments_at_version=fragments,
-            filling=filling,
-            produced=self.produced,
-            fragments_sent=sent,
-            granted={p: granted.get(p, 0) for p in versions} if granted else {},
-            params_version=params,
-        )
-
-
-def _dropped(hb: Heartbeat) -> int:
-    return sum(v for k, v in hb.counters.items() if k.startswith("dropped/"))
-
-
-def lag_summary(heartbeats: Mapping[str, Heartbeat]) -> dict[str, float] | None:
-    """Policy lag of consumed samples over all learners: mean, p50, p95, max."""
-    counts: collections.Counter[int] = collections.Counter()
-    total = peak = 0
-    for hb in heartbeats.values():
-        if hb.role != "learner":
-            continue
-        for key, value in hb.counters.items():
-            if key.startswith(LearnerStat.LAG_PREFIX):
-                counts[int(key.split("/", 1)[1])] += value
-        total += hb.counters.get(LearnerStat.LAG_SUM, 0)
-        peak = max(peak, hb.counters.get(LearnerStat.LAG_MAX, 0))
-    return LagStats.summarize(dict(counts), total, peak)

@@ -36,6 +36,7 @@ from tianji.rl.events import (
     TakeCheckpoint,
     TrajectoryCollected,
 )
+from tianji.rl.run_balance import balance_config
 from tianji.rl.stats import BookStat, BufferStat, Dropped
 from tianji.rl.topics import (
     REQUESTS,
@@ -99,7 +100,8 @@ class BufferService(Service):
         super().__init__(name, publishes=topics, **kwargs)
         self.config = run
         apply_run_options(self, self.config)
-        self.drop_stale = self.config.controller.mode != "unbalanced"
+        # on-policy rollouts older than this are dropped as stale before they are served
+        self.max_lag = balance_config(run, self.spec).staleness_bound
         self.buffer = make_buffer(self.spec, seed=self.config.seed + 7919 * index)
         self.requested: dict[str, int] = {}  # cumulative batches each learner asked for
         self.sent: dict[str, int] = {}  # ... and were sent (credit = requested - sent)
@@ -298,9 +300,9 @@ class BufferService(Service):
         self.report_soon()
 
     def _drop_stale(self) -> None:
-        if not isinstance(self.buffer, RolloutBuffer) or not self.drop_stale:
+        if not isinstance(self.buffer, RolloutBuffer) or self.max_lag is None:
             return
-        oldest = self.learner_version - self.config.learner.max_policy_lag
+        oldest = self.learner_version - self.max_lag
         dropped = self.buffer.drop_older_than(oldest)
         if dropped:
             self.counters[Dropped.STALE] += dropped

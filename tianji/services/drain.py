@@ -4,12 +4,13 @@ Shutdown stops every service at once; a fragment an actor sends while its buffer
 or a batch on its way to a learner that stopped listening, would be lost at the very end
 of every run. :func:`drain` first stops the flow and waits (bounded) until every link
 between live services has delivered what was sent on it, measured at both ends
-(:func:`tianji.rl.books.accounting`): the balancer sends no more grants, every actor is
-paused and every learner's consumption frozen at what it reported; then it waits until
-each live actor reports waiting with nothing being sent, every live service has reported
-since the drain began, and the books show nothing in flight between live services, for a
-few consecutive looks. It returns what it saw (``drained``, seconds, what was still in
-flight and why), which the run summary keeps beside the final books.
+(:func:`tianji.rl.books.accounting`): the balancer sends no more grants, every actor's
+grant is taken back (a grant of nothing) and every learner's consumption frozen at what
+it reported; then it waits until each live actor reports waiting with nothing being
+sent, every live service has reported since the drain began, and the books show nothing
+in flight between live services, for a few consecutive looks. It returns what it saw
+(``drained``, seconds, what was still in flight and why), which the run summary keeps
+beside the final books.
 
 Usage (from a run's ``before_stop``)::
 
@@ -24,7 +25,7 @@ import time
 from typing import Any
 
 from tianji.rl.books import accounting
-from tianji.rl.events import GrantConsumption, PauseProduction
+from tianji.rl.events import GrantConsumption, GrantProduction
 from tianji.rl.stats import ActorStat, LearnerStat
 from tianji.runtime.controller import Controller
 from tianji.runtime.events import Heartbeat
@@ -61,7 +62,8 @@ async def drain(controller: Controller, balancer: Balancer, timeout: float) -> d
     reason = "draining before the run stops"
     for name, record in sorted(live.items()):
         if record.role == "actor":
-            await controller.command(name, PauseProduction(reason=reason))
+            # a grant of nothing: what was granted and not started is taken back
+            await controller.command(name, GrantProduction(limit=0, min_version=0, reason=reason))
         elif record.role == "learner":
             consumed = _consumed(record.last_heartbeat)
             await controller.command(name, GrantConsumption(limit=consumed, reason=reason))

@@ -27,7 +27,6 @@ from typing import Any
 import numpy as np
 
 from tianji.rl.algorithm import SupportsGradientSync
-from tianji.rl.balance import LagStats, publish_every
 from tianji.rl.books import Inbox
 from tianji.rl.checkpoint import (
     SupportsCheckpoint,
@@ -46,6 +45,8 @@ from tianji.rl.events import (
     SampleBatch,
     TakeCheckpoint,
 )
+from tianji.rl.lagstats import LagStats
+from tianji.rl.run_balance import balance_config, publish_every
 from tianji.rl.stats import BookStat, Dropped, LearnerStat
 from tianji.rl.topics import (
     CHECKPOINTS,
@@ -124,13 +125,11 @@ class LearnerService(Service):
         self.allreduce = self._make_allreduce(name, index, count)
         self.version = 0
         self._published: ParamsPublished | None = None  # the newest weights published
-        self.on_policy = self.algo.buffer_spec().kind == "rollout"
-        self.bound_lag = self.on_policy and self.config.controller.mode != "unbalanced"
-        # Sync off-policy (the synchronous baseline): actors collect one fragment, the
-        # learner takes the round's updates (its grant), then actors go on with the new
-        # weights. Weights published after every update would let each actor send one
-        # fragment per update instead of one per round.
-        self.publish_at_round_end = not self.on_policy and self.config.controller.mode == "sync"
+        spec = self.algo.buffer_spec()
+        self.on_policy = spec.kind == "rollout"
+        balance = balance_config(self.config, spec)
+        self.max_lag = balance.staleness_bound  # older batches are dropped as stale
+        self.publish_at_round_end = balance.publish_at_round_end
         self.publish_every = publish_every(self.config, self.algo.buffer_spec())
         self.lag = LagStats()
         self.limit: int | None = None
@@ -351,6 +350,7 @@ class LearnerService(Service):
         self._published = ParamsPublished(policy_version=self.version, weights=weights)
         await self.publish(self._published, LEARNER_PARAMS)
         self.gauges[LearnerStat.PARAMS_VERSION] = float(self.version)  # the controller grants on it
+        self.report_soon()
 
     async def on_subscribed(self, conn: Connection, topics: Sequence[str]) -> None:
         """A parameter service that subscribes after weights were published (it restarted)
@@ -446,7 +446,7 @@ class LearnerService(Service):
         n = int(batch.policy_versions.size)
         await self._wait_for_grant(n)
         lags = self.version - batch.policy_versions
-        if self.bound_lag and lags.size and int(lags.max()) > self.config.learner.max_policy_lag:
+        if self.max_lag is not None and lags.size and int(lags.max()) > self.max_lag:
             # Went stale in flight (the buffer checked against an older learner version).
             # With K learners this takes no all-reduce step: the peers wait at the next
             # step until this learner has a fresh batch, so the step numbers never diverge.
