@@ -48,11 +48,12 @@ _ALLOWED_KINDS = frozenset("biufc")
 _MAX_NDIM = 32  # numpy allows 64; no RL array needs more than a handful
 _MAX_DIM = 1 << 40
 _MAX_DEPTH = 32  # nesting of tuples/maps inside a field value
-Buffer = bytes | bytearray | memoryview
+Frame = bytes | bytearray | memoryview
+"""One frame of a message (a header or an array's raw buffer)."""
 _NO_VIEWS: list[memoryview] = []  # (never appended to)
 
 
-def message_nbytes(frames: Sequence[Buffer]) -> int:
+def message_nbytes(frames: Sequence[Frame]) -> int:
     """Total payload bytes of a message (sum of frame lengths)."""
     return sum(memoryview(f).nbytes for f in frames)
 
@@ -81,7 +82,7 @@ class Codec:
         self._used: set[int] = set()
 
     # ----------------------------------------------------------------------------- encode
-    def encode(self, ev: Event) -> list[Buffer]:
+    def encode(self, ev: Event) -> list[Frame]:
         """Encode ``ev`` into frames (header first, then one frame per array).
 
         Raises:
@@ -145,7 +146,7 @@ class Codec:
         raise TypeError(f"cannot encode value of type {type(obj).__name__}: {obj!r:.80}")
 
     # ----------------------------------------------------------------------------- decode
-    def decode(self, frames: Sequence[Buffer]) -> Event:
+    def decode(self, frames: Sequence[Frame]) -> Event:
         """Decode frames produced by :meth:`encode` back into an event.
 
         Raises:
@@ -538,11 +539,11 @@ def _is_plain(value: object, depth: int) -> bool:
 _default_codec = Codec()
 
 
-def encode(ev: Event) -> list[Buffer]:
+def encode(ev: Event) -> list[Frame]:
     """Encode with the module's default :class:`Codec` (see :meth:`Codec.encode`)."""
     return _default_codec.encode(ev)
 
 
-def decode(frames: Sequence[Buffer]) -> Event:
+def decode(frames: Sequence[Frame]) -> Event:
     """Decode with the module's default :class:`Codec` (see :meth:`Codec.decode`)."""
     return _default_codec.decode(frames)
