@@ -1,10 +1,10 @@
 """The service runtime: lifecycle and brokerless pub/sub (the service's side of it).
 
-A service binds its own listener, registers it with the controller together with the
-topics it publishes, and asks the controller who publishes the topics it subscribes to;
-it then connects straight to those publishers (the data plane has no broker). Every
-message on a link is ``[topic, *codec frames]``; requests and replies between a service
-and the controller use the empty topic.
+A service binds its own listener, registers it with the controller together with the topics it
+publishes, and asks the controller who publishes the topics it subscribes to; it then connects
+straight to those publishers (the data plane has no broker). Every message on a link is
+``[topic, *codec frames]``; requests and replies between a service and the controller use the
+empty topic.
 
 Usage::
 
@@ -21,16 +21,15 @@ Usage::
     svc = Doubler("relay-0", bind="tcp://127.0.0.1:0", controller="tcp://127.0.0.1:7000")
     await svc.run()    # returns after stop(); raises ServiceFailed on failure
 
-Backpressure: ``publish`` waits while any subscriber's connection is full, and a handler
-that is slow stops its link from reading, so a slow consumer slows its producers down
-instead of growing queues. Nothing is dropped silently: events published to a topic
-nobody subscribes to, lost subscribers and bad frames are all counted in
-:attr:`Service.counters` and reported in heartbeats.
+Backpressure: ``publish`` waits while any subscriber's connection is full, and a handler that is
+slow stops its link from reading, so a slow consumer slows its producers down instead of growing
+queues. Nothing is dropped silently: events published to a topic nobody subscribes to, lost
+subscribers and bad frames are all counted in :attr:`Service.counters` and in heartbeats.
 
-A service keeps its lifecycle and publishing, and owns parts, each built with the narrow
-callables it needs (:mod:`tianji.runtime.wiring`): its subscribers
-(:mod:`tianji.runtime.serving`), its subscriptions (:mod:`tianji.runtime.links`), its
-controller link (:mod:`tianji.runtime.heartbeats`) and its board (:mod:`tianji.runtime.sharing`).
+A service keeps its lifecycle and publishing; the parts it owns get the narrow callables
+they need (:mod:`~tianji.runtime.wiring`): its subscribers (:mod:`~tianji.runtime.serving`),
+subscriptions (:mod:`~tianji.runtime.links`), controller link and heartbeats
+(:mod:`~tianji.runtime.heartbeats`) and shared-memory board (:mod:`~tianji.runtime.sharing`).
 """
 
 from __future__ import annotations
@@ -136,8 +135,12 @@ class Service:
         self._changed = asyncio.Event()
         self._failure: str | None = None
         self._unyielded = 0
+        self._compose()
+
+    def _compose(self) -> None:
+        """Build the parts the service owns, each with the callables it needs."""
         self._peers = Peers(
-            name,
+            self.name,
             self.counters,
             spawn=self._spawn,
             decode=self._decode,
@@ -150,7 +153,7 @@ class Service:
         self._local_peers = self._peers.local  # those on this host (board readers)
         self._board = BoardSharing(self.counters, self._local_peers, self._frames, self._decode)
         self._subscriptions = Subscriptions(
-            name,
+            self.name,
             self.options,
             self.counters,
             spawn=self._spawn,
@@ -162,8 +165,8 @@ class Service:
             stopping=self._stopping.is_set,
         )
         self._controller = ControllerLink(
-            name,
-            controller,
+            self.name,
+            self.controller_address,
             self.options,
             self.counters,
             encode=self._frames,
@@ -393,19 +396,16 @@ class Service:
         if main is not None and not main.done():
             main.cancel()
             await asyncio.wait({main}, timeout=1.0)  # let its finally blocks count what is left
-        await self._drain()
+        # let subscribers take what is queued, then say goodbye to every peer
+        await self._subscriptions.close()
+        await self._peers.close(self.options.drain_timeout)
+        await self._controller.goodbye()
         for task in list(self._tasks):
             task.cancel()
 
     async def _run_main(self) -> None:
         await self.main()
         self.stop("main finished")
-
-    async def _drain(self) -> None:
-        """Let subscribers take what is queued, then say goodbye to every peer."""
-        await self._subscriptions.close()
-        await self._peers.close(self.options.drain_timeout)
-        await self._controller.goodbye()
 
     async def _release(self) -> None:
         await self._peers.abort()
