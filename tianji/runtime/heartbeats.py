@@ -27,7 +27,7 @@ from tianji.runtime.events import (
 from tianji.runtime.loop import wait_set
 from tianji.runtime.wiring import CONTROL, Decode, Encode, ServiceOptions
 
-__all__ = ["CONTROL", "ControllerLink", "ServiceStat", "memory_gauges"]
+__all__ = ["ControllerLink", "ServiceStat", "memory_gauges"]
 
 log = logging.getLogger("tianji.service")
 

@@ -19,7 +19,7 @@ from tianji.runtime.heartbeats import ServiceStat
 from tianji.runtime.leases import Handoff
 from tianji.runtime.wiring import CONTROL, Decode, Encode, Send, ServiceOptions, Spawn
 
-__all__ = ["CONTROL", "Handler", "Link", "Subscriptions"]
+__all__ = ["Handler", "Link", "Subscriptions"]
 
 RECV_BATCH = 64
 """At most this many messages are taken per wake-up (and at most ~1 MiB beyond the first:
