@@ -107,7 +107,7 @@ class Subscriber(Service):
 def test_a_large_event_is_written_once_for_the_local_subscribers_and_sent_to_remote_ones() -> None:
     size = 2 * BOARD_MIN_BYTES
 
-    async def main() -> tuple[Service, list[Subscriber]]:
+    async def main() -> tuple[Service, list[Subscriber], str]:
         ctl = Controller(bind="tcp://127.0.0.1:0")
         ctl_task = asyncio.create_task(ctl.run())
         await ctl.wait_ready()
@@ -128,14 +128,16 @@ def test_a_large_event_is_written_once_for_the_local_subscribers_and_sent_to_rem
         small = np.full(10, 3, np.uint8)  # below BOARD_MIN_BYTES: over the links
         await pub.publish(ParamsPublished(policy_version=3, weights={"w": small}), LATEST_PARAMS)
         await asyncio.gather(*(s.three.wait() for s in subs))
+        assert pub._board.board is not None
+        board = pub._board.board.name  # removed when the publisher stops
         for s in (*subs, pub):
             s.stop("test over")
         await asyncio.gather(*tasks)
         ctl.stop("test over")
         await ctl_task
-        return pub, subs
+        return pub, subs, board
 
-    pub, subs = run_async(main(), timeout=60)
+    pub, subs, board = run_async(main(), timeout=60)
     *local, remote = subs
     assert pub.counters[ServiceStat.BOARD_WRITES] == 2  # one per large version, not per link
     for s in local:
@@ -148,7 +150,7 @@ def test_a_large_event_is_written_once_for_the_local_subscribers_and_sent_to_rem
     assert remote.got == [(1, b"\x01" * 4, None), (2, b"\x02" * 4, None), (3, b"\x03" * 4, None)]
     sent = pub.counters[ServiceStat.PUBLISHED_BYTES]
     assert 2 * 2 * size < sent < 2 * 2 * size + 10_000  # each version: board + the remote link
-    assert not os.path.exists(os.path.join(SHM_DIR, pub._board.name if pub._board else "x"))
+    assert board and not os.path.exists(os.path.join(SHM_DIR, board))
 
 
 def test_an_on_board_reference_survives_the_codec() -> None:
@@ -165,8 +167,8 @@ def test_a_reference_to_a_board_the_publisher_outgrew_is_skipped_not_fatal() -> 
     svc = Service("actor-0")
     ref = BoardPosted(topic=LATEST_PARAMS, board="tianji-1-1-boardgone", slot=0, seq=2,
                       lengths=(10,))  # fmt: skip
-    assert svc._from_board(ref, "peer") is None
+    assert svc._board.resolve(ref, "peer") is None
     assert svc.counters[ServiceStat.BOARD_SUPERSEDED] == 1
     bad = BoardPosted(topic=LATEST_PARAMS, board="../x", slot=0, seq=2, lengths=(10,))
     with pytest.raises(BadFrame):
-        svc._from_board(bad, "peer")
+        svc._board.resolve(bad, "peer")

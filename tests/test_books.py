@@ -58,7 +58,7 @@ class Actor:
 
 
 @dataclasses.dataclass
-class Buffer:
+class FakeBuffer:
     """An on-policy rollout buffer: what it receives it hands out in batches of 128."""
 
     name: str
@@ -137,7 +137,7 @@ class Run:
 
     def __init__(self) -> None:
         self.actors = [Actor("actor-0"), Actor("actor-1")]
-        self.buffer = Buffer("buffer-0")
+        self.buffer = FakeBuffer("buffer-0")
         self.learner = Learner("learner-0")
         self.retired: dict[str, Heartbeat] = {}
 
@@ -345,7 +345,7 @@ def test_a_dead_buffer_is_settled_from_the_survivors_numbers() -> None:
     run.actors[0].delivered()
     run.buffer.receive("actor-0", msg)  # holds 64
     run.retire(run.buffer.heartbeat())
-    run.buffer = Buffer("buffer-0")  # the next incarnation, counting from zero
+    run.buffer = FakeBuffer("buffer-0")  # the next incarnation, counting from zero
     for actor in run.actors:  # sent to the dead one after its last report
         actor.fragment()
         actor.delivered()
@@ -377,7 +377,7 @@ def test_a_tail_to_a_dead_receiver_is_lost_at_the_final_books() -> None:
     run = Run()
     run.step(2)
     run.retire(run.buffer.heartbeat())
-    run.buffer = Buffer("buffer-0")
+    run.buffer = FakeBuffer("buffer-0")
     run.actors[0].fragment()
     run.actors[0].delivered()  # to the dead one; nothing sent to the successor since
     assert books(run)["hops"]["actor->buffer"]["pending_restart"] == FRAGMENT

@@ -26,7 +26,8 @@ from tianji.run.deploy import (
 from tianji.runtime.controller import Controller
 from tianji.runtime.errors import ConfigError, ServiceFailed
 from tianji.runtime.events import ArraysPublished
-from tianji.runtime.service import Service, advertised
+from tianji.runtime.service import Service
+from tianji.runtime.serving import advertised
 from tianji.testing import free_tcp_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,8 +60,8 @@ def test_same_host_subscribers_get_the_shm_address_and_others_the_tcp_one() -> N
             async with running(pub, near, far):
                 await pub.wait_subscribers(ArraysPublished, 2)
                 assert pub.local_address.startswith("shm://")
-                assert set(near._links) == {pub.local_address}
-                assert set(far._links) == {pub.address}
+                assert set(near._subscriptions.links) == {pub.local_address}
+                assert set(far._subscriptions.links) == {pub.address}
                 for i in range(50):
                     await pub.publish(arrays(i))
                 await until(lambda: len(near.seen) == 50 and len(far.seen) == 50)

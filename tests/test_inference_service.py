@@ -149,7 +149,7 @@ class LateSubscriber(FakeActor):
 
     def __init__(self, name: str, index: int, **kw: Any) -> None:
         super().__init__(name, index, **kw)
-        self._handlers.clear()  # no subscription yet
+        self._subscriptions.handlers.clear()  # no subscription yet
 
     async def main(self) -> None:
         await self.wait_subscribers(self.topic)

@@ -23,12 +23,21 @@ from pathlib import Path
 
 from tianji.runtime.errors import BadFrame, ConfigError
 
-__all__ = ["NONCE_BYTES", "PROOF_BYTES", "Handshake", "load_token", "token_from_env"]
+__all__ = [
+    "NONCE_BYTES",
+    "PROOF_BYTES",
+    "TOKEN_HINT",
+    "Handshake",
+    "load_token",
+    "token_from_env",
+]
 
 NONCE_BYTES = 16
 PROOF_BYTES = 32
 _LABEL = b"tianji-run-token-v1|"
 ENV = "TIANJI_TOKEN"
+TOKEN_HINT = "a different run token on each side (TIANJI_TOKEN or --token-file)"
+"""The likely cause of a refused handshake, for the error a refused side raises."""
 
 
 def token_from_env() -> bytes | None:

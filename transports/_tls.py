@@ -17,9 +17,13 @@ from pathlib import Path
 
 from tianji.runtime.errors import ConfigError
 
-__all__ = ["TlsFiles", "client_context", "server_context", "tls_from_env"]
+__all__ = ["TLS_HINT", "TlsFiles", "client_context", "server_context", "tls_from_env"]
 
 ENV = {"cert": "TIANJI_TLS_CERT", "key": "TIANJI_TLS_KEY", "ca": "TIANJI_TLS_CA"}
+TLS_HINT = (
+    "TLS settings that do not match (--tls-ca/--tls-cert/--tls-key on one side only, or another CA)"
+)
+"""The likely cause of a failed TLS handshake, for the error the connecting side raises."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

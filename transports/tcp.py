@@ -21,9 +21,10 @@ import socket
 import ssl
 from typing import cast
 
-from tianji.transports._auth import Handshake, token_from_env
+from tianji.transports._address import format_tcp_address, parse_tcp_address
+from tianji.transports._auth import TOKEN_HINT, Handshake, token_from_env
 from tianji.transports._framing import GOODBYE, PREAMBLE, FrameParser, encode_prefix
-from tianji.transports._tls import TlsFiles, client_context, server_context, tls_from_env
+from tianji.transports._tls import TLS_HINT, TlsFiles, client_context, server_context, tls_from_env
 
 from tianji.runtime.core import ConnectionStatistics, Frames, Limits
 from tianji.runtime.errors import (
@@ -45,30 +46,6 @@ _CORK_LIMIT = 256 << 10  # corked bytes are flushed at once beyond this
 CLOSE_TIMEOUT = 10.0  # how long aclose waits for the peer to read everything and close
 HANDSHAKE_TIMEOUT = 30.0  # a peer that has not proved the token by then is dropped (generous: a
 # starting process on a loaded machine can take seconds to answer)
-TOKEN_HINT = "a different run token on each side (TIANJI_TOKEN or --token-file)"
-TLS_HINT = (
-    "TLS settings that do not match (--tls-ca/--tls-cert/--tls-key on one side only, or another CA)"
-)
-
-
-def parse_tcp_address(address: str) -> tuple[str, int]:
-    """``tcp://host:port`` or ``tcp://[v6]:port`` -> ``(host, port)``.
-
-    Raises:
-        ValueError: naming the address, if it is not of that form.
-    """
-    scheme, sep, rest = address.partition("://")
-    host, colon, port_s = rest.rpartition(":")
-    if scheme != "tcp" or not sep or not colon or not host or not port_s.isdigit():
-        raise ValueError(f"not a tcp address: {address!r} (expected tcp://HOST:PORT)")
-    port = int(port_s)
-    if port > 65535:
-        raise ValueError(f"port out of range in {address!r}")
-    return host.strip("[]"), port
-
-
-def format_tcp_address(host: str, port: int) -> str:
-    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
 
 
 class _StreamProtocol(asyncio.BufferedProtocol):

@@ -47,7 +47,7 @@ __all__ = ["restart_policy"]
 log = logging.getLogger(__name__)
 
 
-class RunPlan(Protocol):
+class RestartInputs(Protocol):
     """What a restart reads from the run's plan (:class:`tianji.run.plan.RunPlan`), when
     the service dies: its config and its monitor (set once the run started)."""
 
@@ -58,7 +58,7 @@ class RunPlan(Protocol):
     def monitor(self) -> TrainMonitor | None: ...
 
 
-def restart_policy(plan: RunPlan, controller: Controller, out: TextIO) -> RestartPolicy:
+def restart_policy(plan: RestartInputs, controller: Controller, out: TextIO) -> RestartPolicy:
     """The restart policy of a planned run (see the module docstring)."""
     recovery = plan.config.recovery
 
@@ -84,7 +84,7 @@ def restart_policy(plan: RunPlan, controller: Controller, out: TextIO) -> Restar
 
 
 def _resume_learner(
-    plan: RunPlan, controller: Controller, spec: ServiceSpec, out: TextIO
+    plan: RestartInputs, controller: Controller, spec: ServiceSpec, out: TextIO
 ) -> ServiceSpec | None:
     monitor = plan.monitor
     directory = monitor.checkpoint_dir if monitor is not None else None
@@ -114,7 +114,7 @@ def _resume_learner(
     return dataclasses.replace(spec, options={**spec.options, "restore": True})
 
 
-def _restart_buffer(plan: RunPlan, spec: ServiceSpec) -> ServiceSpec:
+def _restart_buffer(plan: RestartInputs, spec: ServiceSpec) -> ServiceSpec:
     monitor = plan.monitor
     options = {k: v for k, v in spec.options.items() if k != "restore"}
     if plan.config.recovery.buffer == "snapshot" and monitor is not None:

@@ -8,14 +8,13 @@ from typing import Any
 from tianji.rl.config import RunConfig
 from tianji.rl.stats import LearnerStat, MonitorStat
 from tianji.rl.tally import lag_summary
-from tianji.run import progress as _progress
-from tianji.run.progress import RunFacts, learner_totals, plain_line, take_snapshot
+from tianji.run.progress import learner_totals, plain_line, take_snapshot
 from tianji.runtime.controller import Controller
 from tianji.runtime.service import ServiceStat
 from tianji.services.balancer import accounting, balancer_of
 from tianji.services.monitor import TrainMonitor
 
-__all__ = ["metrics_row", "progress_line", "summarize"]
+__all__ = ["progress_line", "summarize"]
 
 
 def _sum(controller: Controller, role_prefix: str, key: str) -> int:
@@ -29,14 +28,6 @@ def _sum(controller: Controller, role_prefix: str, key: str) -> int:
 def progress_line(controller: Controller, monitor: TrainMonitor, elapsed: float) -> str:
     """One human-readable progress line (:func:`tianji.run.progress.plain_line`)."""
     return plain_line(take_snapshot(controller, monitor, elapsed))
-
-
-def metrics_row(
-    controller: Controller, monitor: TrainMonitor, elapsed: float, on_policy: bool
-) -> dict[str, Any]:
-    """One row of the run's metrics file (:func:`tianji.run.progress.metrics_row`)."""
-    snap = take_snapshot(controller, monitor, elapsed, RunFacts(on_policy=on_policy))
-    return _progress.metrics_row(snap)
 
 
 def summarize(

@@ -14,7 +14,8 @@ checked against the event's annotations, so malformed input raises :class:`BadFr
 msgspec does the msgpack work and the field checks in C: the header is decoded as
 ``(version, type, Raw body)`` and the body by a decoder typed with the event class, so a
 heartbeat costs ~1.4 µs to decode and ~1.8 µs to encode, most of that the encode-side field
-check (``tianji bench transport`` prints a ``codec`` row). Fields typed ``Any`` (free-form
+check (generated per event class by :mod:`tianji.runtime.fieldcheck`; ``tianji bench
+transport`` prints a ``codec`` row). Fields typed ``Any`` (free-form
 metadata) are checked in Python after decoding: primitives, lists/tuples and string-keyed
 maps of them, at most 32 levels deep.
 
@@ -28,7 +29,6 @@ The codec does no I/O and keeps no per-connection state; it is tested without so
 from __future__ import annotations
 
 import math
-import types
 import typing
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any
@@ -38,6 +38,7 @@ import numpy as np
 
 from tianji.runtime.errors import BadFrame
 from tianji.runtime.events import Event, EventInfo, event_info
+from tianji.runtime.fieldcheck import MAX_DEPTH, PRIMITIVES, event_check
 
 __all__ = ["DEFAULT_MAX_FRAME_BYTES", "Codec", "decode", "encode", "message_nbytes"]
 
@@ -47,12 +48,12 @@ DEFAULT_MAX_FRAME_BYTES = 1 << 30
 _ALLOWED_KINDS = frozenset("biufc")
 _MAX_NDIM = 32  # numpy allows 64; no RL array needs more than a handful
 _MAX_DIM = 1 << 40
-_MAX_DEPTH = 32  # nesting of tuples/maps inside a field value
-Buffer = bytes | bytearray | memoryview
+Frame = bytes | bytearray | memoryview
+"""One frame of a message (a header or an array's raw buffer)."""
 _NO_VIEWS: list[memoryview] = []  # (never appended to)
 
 
-def message_nbytes(frames: Sequence[Buffer]) -> int:
+def message_nbytes(frames: Sequence[Frame]) -> int:
     """Total payload bytes of a message (sum of frame lengths)."""
     return sum(memoryview(f).nbytes for f in frames)
 
@@ -81,7 +82,7 @@ class Codec:
         self._used: set[int] = set()
 
     # ----------------------------------------------------------------------------- encode
-    def encode(self, ev: Event) -> list[Buffer]:
+    def encode(self, ev: Event) -> list[Frame]:
         """Encode ``ev`` into frames (header first, then one frame per array).
 
         Raises:
@@ -122,7 +123,7 @@ class Codec:
         info = event_info(getattr(ev, "TYPE", ""))
         if info is None or type(ev) is not info.cls:
             raise TypeError(f"cannot encode {ev!r:.80}: not an event declared with @event")
-        kind = _Kind(info.name, _event_check(info), info.hints)
+        kind = _Kind(info.name, event_check(info), info.hints)
         self._kinds[info.cls] = kind
         return kind
 
@@ -145,7 +146,7 @@ class Codec:
         raise TypeError(f"cannot encode value of type {type(obj).__name__}: {obj!r:.80}")
 
     # ----------------------------------------------------------------------------- decode
-    def decode(self, frames: Sequence[Buffer]) -> Event:
+    def decode(self, frames: Sequence[Frame]) -> Event:
         """Decode frames produced by :meth:`encode` back into an event.
 
         Raises:
@@ -252,7 +253,7 @@ class _Body:
         for name in self.free:
             value = getattr(ev, name)
             try:
-                msgspec.structs.force_setattr(ev, name, _as_plain(value, _MAX_DEPTH))
+                msgspec.structs.force_setattr(ev, name, _as_plain(value, MAX_DEPTH))
             except ValueError:
                 raise BadFrame(
                     "bad_field_type",
@@ -337,162 +338,6 @@ def _decode_array(data: memoryview, views: list[memoryview], used: set[int]) -> 
     return np.frombuffer(frame, dtype=dtype).reshape(shape)
 
 
-_PRIMITIVES = (type(None), bool, int, float, str, bytes, np.ndarray)
-
-
-Check = Callable[[object, int], bool]
-
-
-def _event_check(info: EventInfo) -> Callable[[Event], str | None]:
-    """One function that checks every field of an event class and returns the name of the
-    first field of the wrong type (``None``: all good), generated from the annotations.
-
-    Leaves and maps/tuples of leaves are checked inline (the common fields, e.g. a
-    heartbeat's counters, cost tens of nanoseconds a value); other fields call their
-    :func:`_compile`d check.
-    """
-    env: dict[str, Any] = {}
-    lines = ["def check(ev):"]
-    for i, name in enumerate(info.fields):
-        hint = info.hints[name]
-        lines.append(f"    v = ev.{name}")
-        leaf = _plain_leaves(hint)
-        origin, args = typing.get_origin(hint), typing.get_args(hint)
-        keys = _plain_leaves(args[0]) if origin in (dict, tuple) else None
-        values = _plain_leaves(args[1]) if origin is dict else None
-        if leaf is not None:
-            lines.append(f"    if {_type_test('v', leaf, env, f'T{i}')}: return {name!r}")
-        elif keys is not None and values is not None:
-            key = _type_test("k", keys, env, f"K{i}")
-            value = _type_test("x", values, env, f"V{i}")
-            lines.append(f"    if type(v) is not dict: return {name!r}")
-            lines.append("    for k, x in v.items():")
-            lines.append(f"        if {key} or {value}: return {name!r}")
-        elif origin is tuple and keys is not None and len(args) == 2 and args[1] is Ellipsis:
-            item = _type_test("x", keys, env, f"I{i}")
-            lines.append(f"    if type(v) is not tuple: return {name!r}")
-            lines.append("    for x in v:")
-            lines.append(f"        if {item}: return {name!r}")
-        else:
-            env[f"C{i}"] = _compile(hint)
-            lines.append(f"    if not C{i}(v, {_MAX_DEPTH}): return {name!r}")
-    lines.append("    return None")
-    exec("\n".join(lines), env)  # source built above from field names (identifiers) only
-    check: Callable[[Event], str | None] = env["check"]
-    return check
-
-
-def _plain_leaves(hint: Any) -> frozenset[type] | None:
-    leaf = _leaf_types(hint)
-    return leaf if leaf is not None and np.ndarray not in leaf else None
-
-
-def _type_test(var: str, types_: frozenset[type], env: dict[str, Any], slot: str) -> str:
-    """Source that is true when ``var``'s exact type is not one of ``types_``."""
-    if len(types_) == 1:
-        env[slot] = next(iter(types_))
-        return f"type({var}) is not {slot}"
-    env[slot] = types_
-    return f"type({var}) not in {slot}"
-
-
-def _compile(hint: Any) -> Check:
-    """Turn a field annotation into ``check(value, depth) -> bool``.
-
-    Leaf types are checked by exact type (``bool`` is not an ``int`` here), containers of
-    leaves without recursion, so the common fields cost a few hundred nanoseconds.
-    ``depth`` bounds nesting, so hostile input cannot exhaust the stack.
-    """
-    if hint is Any or hint is object:
-        return _is_plain
-    leaf = _leaf_types(hint)
-    if leaf is not None:
-        if np.ndarray in leaf:  # encode may see ndarray subclasses (np.memmap)
-            return lambda v, d: type(v) in leaf or isinstance(v, np.ndarray)
-        return lambda v, d: type(v) in leaf
-    origin = typing.get_origin(hint)
-    args = typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        options = [_compile(a) for a in args]
-        return lambda v, d: any(c(v, d) for c in options)
-    if origin is tuple:
-        return _compile_tuple(args)
-    if origin is dict:
-        return _compile_dict(args[0], args[1])
-    raise TypeError(f"event fields cannot be annotated {hint!r}")
-
-
-def _compile_tuple(args: tuple[Any, ...]) -> Check:
-    if len(args) == 2 and args[1] is Ellipsis:
-        item = _compile(args[0])
-
-        def check_items(v: object, d: int) -> bool:
-            if type(v) is not tuple or d <= 0:
-                return False
-            for x in v:  # noqa: SIM110 - a plain loop is ~2x faster than all(); hot path
-                if not item(x, d - 1):
-                    return False
-            return True
-
-        return check_items
-    items = [_compile(a) for a in args]
-    return lambda v, d: (
-        d > 0
-        and type(v) is tuple
-        and len(v) == len(items)
-        and all(c(x, d - 1) for c, x in zip(items, v, strict=True))
-    )
-
-
-def _compile_dict(key_hint: Any, value_hint: Any) -> Check:
-    keys, values = _leaf_types(key_hint), _leaf_types(value_hint)
-    key, val = _compile(key_hint), _compile(value_hint)
-    if keys is not None and values is not None and np.ndarray not in values:
-
-        def check_leaves(v: object, d: int) -> bool:
-            if type(v) is not dict:
-                return False
-            for k, x in v.items():  # noqa: SIM110 - faster than all(); hot path
-                if type(k) not in keys or type(x) not in values:
-                    return False
-            return True
-
-        return check_leaves
-
-    def check_nested(v: object, d: int) -> bool:
-        if type(v) is not dict or d <= 0:
-            return False
-        for k, x in v.items():  # noqa: SIM110 - faster than all(); hot path
-            if not (key(k, d - 1) and val(x, d - 1)):
-                return False
-        return True
-
-    return check_nested
-
-
-_LEAVES: dict[Any, frozenset[type]] = {
-    int: frozenset({int}),
-    float: frozenset({float, int}),
-    bool: frozenset({bool}),
-    str: frozenset({str}),
-    bytes: frozenset({bytes}),
-    type(None): frozenset({type(None)}),
-    None: frozenset({type(None)}),
-    np.ndarray: frozenset({np.ndarray}),
-}
-
-
-def _leaf_types(hint: Any) -> frozenset[type] | None:
-    """The exact types a leaf annotation (or a union of leaves) admits, else ``None``."""
-    if hint in _LEAVES:
-        return _LEAVES[hint]
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        parts = [_leaf_types(a) for a in typing.get_args(hint)]
-        if all(p is not None for p in parts):
-            return frozenset().union(*(p for p in parts if p is not None))
-    return None
-
-
 def _short(value: object) -> str:
     try:
         return f"{value!r:.80}"
@@ -504,7 +349,7 @@ def _as_plain(value: object, depth: int) -> object:
     """A decoded ``Any`` value with its arrays as tuples (as the msgpack codec gave them);
     ValueError if it holds anything but primitives and string-keyed maps, or nests deeper
     than ``depth``."""
-    if isinstance(value, _PRIMITIVES):
+    if isinstance(value, PRIMITIVES):
         return value
     if depth <= 0:
         raise ValueError("too deep")
@@ -520,29 +365,14 @@ def _as_plain(value: object, depth: int) -> object:
     raise ValueError(f"a {type(value).__name__}")
 
 
-def _is_plain(value: object, depth: int) -> bool:
-    """A value of an ``Any`` field: primitives, numeric numpy scalars, lists/tuples, str maps."""
-    if isinstance(value, _PRIMITIVES):
-        return True
-    if isinstance(value, (np.bool_, np.number)):
-        return True  # sent as the Python scalar
-    if depth <= 0:
-        return False
-    if isinstance(value, (tuple, list)):
-        return all(_is_plain(v, depth - 1) for v in value)
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and _is_plain(v, depth - 1) for k, v in value.items())
-    return False
-
-
 _default_codec = Codec()
 
 
-def encode(ev: Event) -> list[Buffer]:
+def encode(ev: Event) -> list[Frame]:
     """Encode with the module's default :class:`Codec` (see :meth:`Codec.encode`)."""
     return _default_codec.encode(ev)
 
 
-def decode(frames: Sequence[Buffer]) -> Event:
+def decode(frames: Sequence[Frame]) -> Event:
     """Decode with the module's default :class:`Codec` (see :meth:`Codec.decode`)."""
     return _default_codec.decode(frames)

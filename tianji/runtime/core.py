@@ -4,8 +4,9 @@ Everything in tianji is one of a few things declared here:
 
 * a :class:`Transport` moves *messages* (lists of byte frames) between two endpoints.
   It knows nothing of events or RL; the codec turns events into frames.
-* a :class:`Service` is an asyncio object with a lifecycle that publishes and subscribes to
-  typed events (see :mod:`tianji.runtime.events`) over transports.
+* a service is an asyncio object with a lifecycle (:class:`ServiceLifecycle`) that
+  publishes and subscribes to typed events (see :mod:`tianji.runtime.events`) over
+  transports; every one extends :class:`tianji.runtime.service.Service`.
 * an :class:`Algorithm` is the RL math: batched ``act`` and ``update``; no I/O.
 * a :class:`Buffer` stores samples and hands out batches; no I/O.
 
@@ -28,7 +29,7 @@ __all__ = [
     "Limits",
     "Listener",
     "recv_batch",
-    "Service",
+    "ServiceLifecycle",
     "ServiceState",
     "Transport",
 ]
@@ -222,8 +223,9 @@ class ServiceState(enum.Enum):
 
 
 @runtime_checkable
-class Service(Protocol):
-    """An asyncio component that talks only through typed events.
+class ServiceLifecycle(Protocol):
+    """What a runner sees of a service (:class:`tianji.runtime.service.Service` and its
+    subclasses): an asyncio component that talks only through typed events.
 
     Usage::
 

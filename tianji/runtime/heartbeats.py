@@ -1,5 +1,5 @@
 """A service's link to the controller: registration, the topics it watches, commands,
-and heartbeats (:class:`ControllerLink`, a mixin of :class:`~tianji.runtime.service.Service`),
+and heartbeats (:class:`ControllerLink`, owned by :class:`~tianji.runtime.service.Service`),
 and the counters every service reports (:class:`ServiceStat`)."""
 
 from __future__ import annotations
@@ -7,15 +7,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import os
 import resource
-import socket
 import time
-from typing import Any, ClassVar, Final, Protocol
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from typing import Final
 
 from tianji.runtime import plugins
 from tianji.runtime.core import Connection
-from tianji.runtime.errors import HandshakeRefused, TianjiError
+from tianji.runtime.errors import HandshakeRefused, ServiceFailed, TianjiError
 from tianji.runtime.events import (
     Event,
     Heartbeat,
@@ -26,13 +25,12 @@ from tianji.runtime.events import (
     WatchTopics,
 )
 from tianji.runtime.loop import wait_set
+from tianji.runtime.wiring import CONTROL, Decode, Encode, ServiceOptions
 
-__all__ = ["CONTROL", "ControllerLink", "ServiceStat", "memory_gauges"]
+__all__ = ["ControllerLink", "ServiceStat", "memory_gauges"]
 
 log = logging.getLogger("tianji.service")
 
-CONTROL = ""
-"""The topic of requests and replies on a link and to the controller (not pub/sub)."""
 HANDSHAKE_REFUSALS = 3
 """Handshakes the controller refuses in a row before a service stops as refused (a wrong
 token or TLS setting does not fix itself; the ``tianji serve`` process then exits 2)."""
@@ -77,141 +75,179 @@ def memory_gauges() -> dict[str, float]:
     return {ServiceStat.RSS_MB: round(now, 1), ServiceStat.MAX_RSS_MB: round(peak, 1)}
 
 
-class _Linked(Protocol):
-    """What the controller link uses of the service (see :class:`Service`)."""
-
-    name: str
-    role: ClassVar[str]
-    address: str
-    local_address: str
-    locality: str
-    run_digest: str
-    run_id: str
-    controller_address: str | None
-    options: Any
-    counters: collections.Counter[str]
-    _publishes: set[str]
-    _handlers: dict[str, list[Any]]
-    _controller_conn: Connection | None
-    _registered: asyncio.Event
-    _watch_pending: set[str]
-    _stopping: asyncio.Event
-    _report_wanted: asyncio.Event
-
-    def _frames(self, ev: Event, topic_name: str) -> list[bytes | bytearray | memoryview]: ...
-
-    def _decode(self, frames: list[memoryview], peer: str) -> tuple[str, Event]: ...
-
-    def _registration(self: _Linked) -> RegisterService: ...
-
-    async def _on_controller_event(self: _Linked, ev: Event) -> None: ...
-
-    def _set_publishers(self, name: str, addresses: Any) -> None: ...
-
-    def _check_ready(self) -> None: ...
-
-    def fail(self, reason: str) -> None: ...
-
-    def stop(self, reason: str) -> None: ...
-
-    async def on_control(self, ev: Event) -> None: ...
-
-    def heartbeat(self) -> Heartbeat: ...
-
-
 class ControllerLink:
     """Registration with the controller (again after the link breaks), the topics the
     service watches, the controller's commands, and heartbeats: every
-    ``heartbeat_interval`` and soon after :meth:`report_soon`."""
+    ``heartbeat_interval`` and soon after :meth:`report_soon`.
 
-    # set by the service's __init__, assigned here too
-    _controller_conn: Connection | None
-    _watch_pending: set[str]
-    run_id: str
+    Args:
+        name: the owning service's name.
+        address: the controller's address.
+        options: the service's options (limits, reconnect delays, heartbeat timing).
+        counters: the service's counters (heartbeats sent and skipped).
+        encode, decode: a service message to and from its frames.
+        registration: the service's ``RegisterService`` now.
+        watched: the topics the service subscribes to now.
+        heartbeat: the service's heartbeat now.
+        on_registered: called with the run id once the controller registered the service.
+        on_publishers: called with a topic and its publishers' addresses.
+        on_command: called with every other controller event.
+        stop, fail: stop the service (refused handshakes), fail it (controller unreachable).
+        stopping: whether the service is stopping (a lost link is then not reported).
+    """
 
-    def _registration(self: _Linked) -> RegisterService:
-        return RegisterService(
-            name=self.name,
-            role=self.role,
-            address=self.address,
-            publishes=tuple(sorted(self._publishes)),
-            host=socket.gethostname(),
-            pid=os.getpid(),
-            local_address=self.local_address,
-            locality=self.locality,
-            run_digest=self.run_digest,
-        )
+    def __init__(
+        self,
+        name: str,
+        address: str | None,
+        options: ServiceOptions,
+        counters: collections.Counter[str],
+        *,
+        encode: Encode,
+        decode: Decode,
+        registration: Callable[[], RegisterService],
+        watched: Callable[[], Collection[str]],
+        heartbeat: Callable[[], Heartbeat],
+        on_registered: Callable[[str], None],
+        on_publishers: Callable[[str, Sequence[str]], None],
+        on_command: Callable[[Event], Awaitable[None]],
+        stop: Callable[[str], None],
+        fail: Callable[[str], None],
+        stopping: Callable[[], bool],
+    ) -> None:
+        self.name = name
+        self.address = address
+        self.options = options
+        self.counters = counters
+        self.conn: Connection | None = None
+        self.registered = asyncio.Event()
+        self.watch_pending: set[str] = set()  # watched topics whose publishers are unknown
+        self._report_wanted = asyncio.Event()
+        self._delay = options.reconnect_min  # before the next connect, after one failed
+        self._encode = encode
+        self._decode = decode
+        self._registration = registration
+        self._watched = watched
+        self._heartbeat = heartbeat
+        self._on_registered = on_registered
+        self._on_publishers = on_publishers
+        self._on_command = on_command
+        self._stop = stop
+        self._fail = fail
+        self._stopping = stopping
 
-    async def _controller_loop(self: _Linked) -> None:
-        assert self.controller_address is not None
-        transport = plugins.transport_for(self.controller_address)
-        delay = self.options.reconnect_min
+    def complete(self) -> bool:
+        """Registered, and the publishers of every watched topic known."""
+        return self.registered.is_set() and not self.watch_pending
+
+    def registered_conn(self) -> Connection | None:
+        """The link, if it is up and the service registered on it (else a request now
+        would be sent again on reconnecting anyway)."""
+        return self.conn if self.registered.is_set() else None
+
+    async def send(self, ev: Event) -> None:
+        """Send a request or report to the controller.
+
+        Raises:
+            ServiceFailed: if there is no link to the controller now.
+            TianjiError: if sending fails.
+        """
+        conn = self.conn
+        if conn is None:
+            raise ServiceFailed(self.name, f"no controller link to send {ev.TYPE}")
+        await conn.send(self._encode(ev, CONTROL))
+
+    async def goodbye(self) -> None:
+        """Send the last heartbeat (the controller's books get the last counts), close."""
+        conn = self.conn
+        if conn is None:
+            return
+        try:
+            await conn.send(self._encode(self._heartbeat(), CONTROL))
+            await asyncio.wait_for(conn.aclose(), 2.0)
+        except (TianjiError, TimeoutError) as exc:
+            log.info("%s: last heartbeat or goodbye to the controller: %r", self.name, exc)
+            conn.abort()
+
+    async def run(self) -> None:
+        """Keep the link up: connect, register, watch, handle the controller's events."""
+        assert self.address is not None
+        transport = plugins.transport_for(self.address)
+        self._delay = self.options.reconnect_min
         lost_at = time.monotonic()
         refusals = 0
         while True:
             try:
-                conn = await transport.connect(self.controller_address, limits=self.options.limits)
+                conn = await transport.connect(self.address, limits=self.options.limits)
             except HandshakeRefused as exc:
                 refusals += 1
                 log.warning("%s: the controller refused the handshake: %s", self.name, str(exc))
                 if refusals >= HANDSHAKE_REFUSALS:
-                    self.stop(
-                        f"refused: the controller at {self.controller_address} refused the "
+                    self._stop(
+                        f"refused: the controller at {self.address} refused the "
                         f"handshake {refusals} times in a row ({exc.reason}); likely cause: "
                         f"{exc.hint}"
                     )
                     return
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.options.reconnect_max)
+                await self._back_off()
                 continue
             except (TianjiError, OSError) as exc:
                 refusals = 0
                 if time.monotonic() - lost_at > self.options.controller_grace:
-                    self.fail(f"controller {self.controller_address} unreachable: {exc}")
+                    self._fail(f"controller {self.address} unreachable: {exc}")
                     return
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.options.reconnect_max)
+                await self._back_off()
                 continue
-            self._controller_conn = conn
-            try:
-                await conn.send(self._frames(self._registration(), CONTROL))
-                self._watch_pending = set(self._handlers)
-                await conn.send(self._frames(WatchTopics(topics=tuple(self._handlers)), CONTROL))
-                delay = self.options.reconnect_min
-                while True:
-                    _, ev = self._decode(await conn.recv(), conn.peer)
-                    await self._on_controller_event(ev)
-            except TianjiError as exc:
-                if self._stopping.is_set():
-                    return
-                log.warning("%s: controller link lost: %s", self.name, str(exc))
-            finally:
-                self._controller_conn = None
-                conn.abort()
+            if await self._serve(conn):
+                return
             lost_at = time.monotonic()
-            self._registered.clear()
+            self.registered.clear()
 
-    async def _on_controller_event(self: _Linked, ev: Event) -> None:
+    async def _back_off(self) -> None:
+        await asyncio.sleep(self._delay)
+        self._delay = min(self._delay * 2, self.options.reconnect_max)
+
+    async def _serve(self, conn: Connection) -> bool:
+        """Register on ``conn`` and handle what the controller sends until the link ends;
+        True if it ended because the service is stopping."""
+        self.conn = conn
+        try:
+            await conn.send(self._encode(self._registration(), CONTROL))
+            watched = tuple(self._watched())
+            self.watch_pending = set(watched)
+            await conn.send(self._encode(WatchTopics(topics=watched), CONTROL))
+            self._delay = self.options.reconnect_min
+            while True:
+                _, ev = self._decode(await conn.recv(), conn.peer)
+                await self._on_event(ev)
+        except TianjiError as exc:
+            if self._stopping():
+                return True
+            log.warning("%s: controller link lost: %s", self.name, str(exc))
+        finally:
+            self.conn = None
+            conn.abort()
+        return False
+
+    async def _on_event(self, ev: Event) -> None:
         if isinstance(ev, PublishersChanged):
-            self._set_publishers(ev.topic, ev.addresses)
-            self._watch_pending.discard(ev.topic)
-            self._check_ready()
+            self.watch_pending.discard(ev.topic)
+            self._on_publishers(ev.topic, ev.addresses)
         elif isinstance(ev, ServiceRegistered):
-            self.run_id = ev.run_id
-            self._registered.set()
-            self._check_ready()
+            self.registered.set()
+            self._on_registered(ev.run_id)
         elif isinstance(ev, Shutdown):
-            self.stop(ev.reason)
+            self._stop(ev.reason)
         else:
-            await self.on_control(ev)
+            await self._on_command(ev)
 
-    def report_soon(self: _Linked) -> None:
+    def report_soon(self) -> None:
         """Send a heartbeat as soon as ``options.report_interval`` allows (not only every
-        ``heartbeat_interval``): services call it when counters the controller balances on
-        have changed, so its decisions follow the run closely."""
+        ``heartbeat_interval``)."""
         self._report_wanted.set()
 
-    async def _heartbeat_loop(self: _Linked) -> None:
+    async def heartbeats(self) -> None:
+        """Send a heartbeat every ``heartbeat_interval`` and soon after :meth:`report_soon`."""
         last = 0.0
         loop = asyncio.get_running_loop()
         while True:
@@ -221,11 +257,11 @@ class ControllerLink:
                 await asyncio.sleep(gap)
             self._report_wanted.clear()
             last = loop.time()
-            conn = self._controller_conn
+            conn = self.conn
             if conn is None:
                 continue
             try:
-                conn.send_nowait(self._frames(self.heartbeat(), CONTROL))
+                conn.send_nowait(self._encode(self._heartbeat(), CONTROL))
                 self.counters["heartbeats_sent"] += 1
             except TianjiError:
                 # The link is full (or breaking): try again after report_interval rather than

@@ -75,6 +75,15 @@ class Handoff:
         """Leases held now for arrays a handler kept."""
         return len(self._held)
 
+    def report(self, counters: dict[str, int], gauges: dict[str, float]) -> None:
+        """Add what was copied and held (once anything was) to a heartbeat's counters,
+        and the leases held now to its gauges."""
+        if self.arrays_copied or self.leases_held:
+            counters["zero_copy_arrays_copied"] = self.arrays_copied
+            counters["zero_copy_leases_held"] = self.leases_held
+        if self._held:
+            gauges["held_leases"] = float(len(self._held))
+
     @contextlib.contextmanager
     def settled(self, lease: Lease, ev: Event) -> Iterator[None]:
         """Settle ``lease`` when the block ends, also when it raises: released, its kept

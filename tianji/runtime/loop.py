@@ -70,3 +70,13 @@ async def wait_set(event: asyncio.Event, timeout: float | None) -> bool:
     if event.is_set():
         return True
     return await finished_within(event.wait(), timeout)
+
+
+async def first_done(*aws: Coroutine[Any, Any, Any]) -> None:
+    """Wait until the first of ``aws`` completes; cancel the rest."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in tasks:
+            t.cancel()

@@ -1,12 +1,10 @@
-"""The service runtime: lifecycle and brokerless pub/sub (the service's side of it; its
-subscriptions are :mod:`tianji.runtime.links`, its controller link and heartbeats
-:mod:`tianji.runtime.heartbeats`).
+"""The service runtime: lifecycle and brokerless pub/sub (the service's side of it).
 
-A service binds its own listener, registers it with the controller together with the
-topics it publishes, and asks the controller who publishes the topics it subscribes to;
-it then connects straight to those publishers (the data plane has no broker). Every
-message on a link is ``[topic, *codec frames]``; requests and replies between a service
-and the controller use the empty topic.
+A service binds its own listener, registers it with the controller together with the topics it
+publishes, and asks the controller who publishes the topics it subscribes to; it then connects
+straight to those publishers (the data plane has no broker). Every message on a link is
+``[topic, *codec frames]``; requests and replies between a service and the controller use the
+empty topic.
 
 Usage::
 
@@ -23,85 +21,60 @@ Usage::
     svc = Doubler("relay-0", bind="tcp://127.0.0.1:0", controller="tcp://127.0.0.1:7000")
     await svc.run()    # returns after stop(); raises ServiceFailed on failure
 
-Backpressure: ``publish`` waits while any subscriber's connection is full, and a handler
-that is slow stops its link from reading, so a slow consumer slows its producers down
-instead of growing queues. Nothing is dropped silently: events published to a topic
-nobody subscribes to, lost subscribers and bad frames are all counted in
-:attr:`Service.counters` and reported in heartbeats.
+Backpressure: ``publish`` waits while any subscriber's connection is full, and a handler that is
+slow stops its link from reading, so a slow consumer slows its producers down instead of growing
+queues. Nothing is dropped silently: events published to a topic nobody subscribes to, lost
+subscribers and bad frames are all counted in :attr:`Service.counters` and in heartbeats.
 
-Over 500 lines: the base class every service extends keeps its lifecycle, publishing
-and serving in one place; its subscriptions and its controller link are apart
-(:mod:`tianji.runtime.links`, :mod:`tianji.runtime.heartbeats`).
+A service keeps its lifecycle and publishing; the parts it owns get the narrow callables
+they need (:mod:`~tianji.runtime.wiring`): its subscribers (:mod:`~tianji.runtime.serving`),
+subscriptions (:mod:`~tianji.runtime.links`), controller link and heartbeats
+(:mod:`~tianji.runtime.heartbeats`) and shared-memory board (:mod:`~tianji.runtime.sharing`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
 import logging
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from typing import Any, ClassVar, TypeVar
+from collections.abc import Coroutine, Sequence
+from typing import Any, ClassVar
 
 from tianji.runtime import plugins
+from tianji.runtime.board import Lease
 from tianji.runtime.codec import Codec
-from tianji.runtime.core import Connection, Limits, Listener, ServiceState
-from tianji.runtime.errors import BadFrame, ClosedByUs, EndOfStream, ServiceFailed, TianjiError
+from tianji.runtime.core import Connection, ServiceState
+from tianji.runtime.errors import ServiceFailed, TianjiError
 from tianji.runtime.events import (
     Event,
     Heartbeat,
-    Subscribe,
+    RegisterService,
     WatchTopics,
     event_type_of_topic,
     topic,
 )
 from tianji.runtime.heartbeats import ControllerLink, ServiceStat, memory_gauges
-from tianji.runtime.leases import Handoff
-from tianji.runtime.links import CONTROL, Link, Subscriptions
-from tianji.runtime.sharing import BoardSharing, FrameList
+from tianji.runtime.links import E, Handler, Subscriptions
+from tianji.runtime.loop import first_done
+from tianji.runtime.serving import Peers
+from tianji.runtime.sharing import BoardSharing, locality
+from tianji.runtime.wiring import CONTROL, Decode, Encode, FrameList, Messages, ServiceOptions
 
 __all__ = ["CONTROL", "Handler", "Service", "ServiceOptions", "ServiceStat"]
 
 log = logging.getLogger("tianji.service")
 
-
-E = TypeVar("E", bound=Event)
-Handler = Callable[[E], Awaitable[None]]
 _YIELD_EVERY = 32
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class ServiceOptions:
-    """Runtime knobs shared by every service.
-
-    Attributes:
-        limits: bounds of every connection the service opens or accepts.
-        heartbeat_interval: seconds between heartbeats to the controller.
-        report_interval: the shortest gap (s) between two heartbeats; :meth:`Service.report_soon`
-            asks for one early.
-        reconnect_min: first retry delay (s) after a link breaks; doubles up to reconnect_max.
-        reconnect_max: longest retry delay (s).
-        controller_grace: a service that cannot reach its controller this long fails.
-        drain_timeout: seconds a stopping service waits for subscribers to take queued data.
-    """
-
-    limits: Limits = dataclasses.field(default_factory=Limits)
-    heartbeat_interval: float = 1.0
-    report_interval: float = 0.01
-    reconnect_min: float = 0.05
-    reconnect_max: float = 2.0
-    controller_grace: float = 15.0
-    drain_timeout: float = 10.0
 
 
 def _topic_name(t: str | type[Event]) -> str:
     return t if isinstance(t, str) else topic(t)
 
 
-class Service(ControllerLink, Subscriptions, BoardSharing):
+class Service:
     """Base class of every tianji service; see the module docstring for usage.
 
     Args:
@@ -150,31 +123,64 @@ class Service(ControllerLink, Subscriptions, BoardSharing):
         self.stop_reason = ""
         self.run_id = ""
         self._state = ServiceState.CREATED
-        self._codec = Codec(
-            max_frame_bytes=self.options.limits.max_frame_bytes,
-            max_frames=self.options.limits.max_frames,
-        )
-        self._handlers: dict[str, list[Handler[Any]]] = {}
+        limits = self.options.limits
+        wire = Messages(Codec(max_frame_bytes=limits.max_frame_bytes, max_frames=limits.max_frames))
+        self._frames: Encode = wire.encode  # (event, topic) -> message
+        self._decode: Decode = wire.decode  # (message, peer) -> (topic, event)
         self._publishes: set[str] = {_topic_name(t) for t in publishes}
-        self._subscribers: dict[str, set[Connection]] = {}
-        self._links: dict[str, Link] = {}
-        self._latest_only: set[str] = set()  # topics subscribed with latest_only
-        self._handoff = Handoff()  # zero-copy events over shm links (tianji.runtime.leases)
-        self._peers: set[Connection] = set()
-        self._listener: Listener | None = None
-        self._local_listener: Listener | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._tg: asyncio.TaskGroup | None = None
-        self._controller_conn: Connection | None = None
-        self._registered = asyncio.Event()
-        self._watch_pending: set[str] = set()
         self._ready = asyncio.Event()
         self._stopping = asyncio.Event()
-        self._report_wanted = asyncio.Event()
         self._changed = asyncio.Event()
         self._failure: str | None = None
         self._unyielded = 0
-        self._init_sharing()
+        self._compose()
+
+    def _compose(self) -> None:
+        """Build the parts the service owns, each with the callables it needs."""
+        self._peers = Peers(
+            self.name,
+            self.counters,
+            spawn=self._spawn,
+            decode=self._decode,
+            notify=self._notify,
+            on_subscribed=self.on_subscribed,
+            on_request=self.on_request,
+            on_peer_closed=self.on_peer_closed,
+        )
+        self._subscribers = self._peers.by_topic  # topic -> its subscribers' connections
+        self._local_peers = self._peers.local  # those on this host (board readers)
+        self._board = BoardSharing(self.counters, self._local_peers, self._frames, self._decode)
+        self._subscriptions = Subscriptions(
+            self.name,
+            self.options,
+            self.counters,
+            spawn=self._spawn,
+            encode=self._frames,
+            decode=self._decode,
+            send_quietly=self._send_quietly,
+            from_board=self._board.resolve,
+            report_soon=self.report_soon,
+            stopping=self._stopping.is_set,
+        )
+        self._controller = ControllerLink(
+            self.name,
+            self.controller_address,
+            self.options,
+            self.counters,
+            encode=self._frames,
+            decode=self._decode,
+            registration=self._registration,
+            watched=self._subscriptions.handlers.keys,
+            heartbeat=self.heartbeat,
+            on_registered=self._on_registered,
+            on_publishers=self._on_publishers,
+            on_command=self.on_control,
+            stop=self.stop,
+            fail=self.fail,
+            stopping=self._stopping.is_set,
+        )
 
     # ------------------------------------------------------------------ public API
     @property
@@ -193,16 +199,14 @@ class Service(ControllerLink, Subscriptions, BoardSharing):
         end of what it sends.
         """
         name = _topic_name(topic_or_type)
-        if latest_only:
-            self._latest_only.add(name)
-        first = name not in self._handlers
-        self._handlers.setdefault(name, []).append(handler)
-        if first and self._controller_conn is not None and self._registered.is_set():
-            self._spawn(self._send_quietly(self._controller_conn, WatchTopics(topics=(name,))))
+        first = self._subscriptions.add_handler(name, handler, latest_only)
+        conn = self._controller.registered_conn()
+        if first and conn is not None:
+            self._spawn(self._send_quietly(conn, WatchTopics(topics=(name,))))
 
     def add_publisher(self, topic_or_type: str | type[Event], address: str) -> None:
         """Subscribe to ``topic`` at a known publisher address (manual wiring)."""
-        self._link_to(address, {_topic_name(topic_or_type)})
+        self._subscriptions.link_to(address, {_topic_name(topic_or_type)})
 
     async def publish(self, ev: Event, topic_name: str | None = None) -> int:
         """Send ``ev`` to every subscriber of its topic, waiting while any is full.
@@ -223,7 +227,7 @@ class Service(ControllerLink, Subscriptions, BoardSharing):
                 )
                 delivered += 1
             except TianjiError as exc:
-                self._drop_subscriber(conn, exc)
+                self._peers.drop(conn, exc)
         # A send that finds room does not suspend; yield now and then so a producer in a
         # tight loop never starves heartbeats, control commands or signal handlers.
         self._unyielded += 1
@@ -257,7 +261,27 @@ class Service(ControllerLink, Subscriptions, BoardSharing):
 
     async def send_to_controller(self, ev: Event) -> None:
         """Send a request or report to the controller (e.g. ServiceReported)."""
-        await self._send_control(ev)
+        await self._controller.send(ev)
+
+    def report_soon(self) -> None:
+        """Send a heartbeat as soon as ``options.report_interval`` allows: call it when counters
+        the controller balances on have changed, so its decisions follow the run closely."""
+        self._controller.report_soon()
+
+    def share_on_board(self, topic_name: str) -> None:
+        """Send large events of ``topic_name`` to subscribers on this host through a shared
+        memory board, when it has one (one write for all: :mod:`tianji.runtime.sharing`)."""
+        self._board.share(topic_name)
+
+    def lease_of(self, ev: Event) -> Lease | None:
+        """The board lease of an event this service received through a board (one of the
+        last few), else ``None``: check ``valid()`` after copying its arrays out."""
+        return self._board.lease_of(ev)
+
+    def links_down(self) -> dict[str, str]:
+        """Publisher address -> why this service cannot connect to it, for the links
+        failing now (:meth:`tianji.runtime.links.Link.down_report`)."""
+        return self._subscriptions.links_down()
 
     def stop(self, reason: str) -> None:
         """Ask the service to drain and stop (idempotent; the first reason is kept)."""
@@ -299,7 +323,7 @@ class Service(ControllerLink, Subscriptions, BoardSharing):
     async def send_to_subscriber(self, conn: Connection, ev: Event, topic_name: str) -> None:
         """Send one event to one subscriber connection (see :meth:`on_subscribed`)."""
         frames = self._frames(ev, topic_name)
-        shared, sent = self._split_for_board(topic_name, frames, [conn])
+        shared, sent = self._board.split(topic_name, frames, [conn])
         self.counters[ServiceStat.PUBLISHED_BYTES] += sent
         await conn.send(frames if shared is None else shared)
 
@@ -310,25 +334,16 @@ class Service(ControllerLink, Subscriptions, BoardSharing):
     def queue_depths(self) -> dict[str, int]:
         """Queue depths reported in heartbeats (bytes waiting per subscriber, etc.)."""
         depths: dict[str, int] = {}
-        for conns in self._subscribers.values():
-            for conn in conns:
-                depths[f"to:{conn.peer}"] = conn.statistics().send_queue_bytes
-        for link in self._links.values():
-            if link.conn is not None:
-                depths[f"from:{link.address}"] = link.conn.statistics().recv_queue_messages
+        self._peers.queue_depths(depths)
+        self._subscriptions.queue_depths(depths)
         return depths
 
     def heartbeat(self) -> Heartbeat:
         """The heartbeat this service sends now (its gauges include the process's memory:
         ``rss_mb`` now and ``max_rss_mb`` since it started)."""
         counters = dict(self.counters)
-        handoff = self._handoff
-        if handoff.arrays_copied or handoff.leases_held:
-            counters["zero_copy_arrays_copied"] = handoff.arrays_copied
-            counters["zero_copy_leases_held"] = handoff.leases_held
         gauges = {**self.gauges, **memory_gauges()}
-        if handoff.held_now:
-            gauges["held_leases"] = float(handoff.held_now)
+        self._subscriptions.handoff.report(counters, gauges)
         return Heartbeat(
             name=self.name,
             role=self.role,
@@ -351,19 +366,9 @@ class Service(ControllerLink, Subscriptions, BoardSharing):
         if self._state is not ServiceState.CREATED:
             raise RuntimeError(f"service {self.name} was already run")
         self._set_state(ServiceState.STARTING)
-        transport = plugins.transport_for(self.bind)
-        self._listener = await transport.listen(self.bind, limits=self.options.limits)
-        self.address = advertised(self._listener.address, self.advertise)
-        try:
-            if self.local_bind is not None:
-                local = plugins.transport_for(self.local_bind)
-                self._local_listener = await local.listen(
-                    self.local_bind, limits=self.options.limits
-                )
-                self.local_address = self._local_listener.address
-        except BaseException:
-            await self._listener.aclose()
-            raise
+        self.address, self.local_address = await self._peers.listen(
+            self.bind, self.local_bind, self.advertise, self.options.limits
+        )
         try:
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg
@@ -374,16 +379,14 @@ class Service(ControllerLink, Subscriptions, BoardSharing):
             raise ServiceFailed(self.name, self._failure)
 
     async def _run_phases(self) -> None:
-        self._spawn(self._accept_loop(self._listener))
-        if self._local_listener is not None:
-            self._spawn(self._accept_loop(self._local_listener, local=True))
+        self._peers.accept_all()
         if self.controller_address is not None:
-            self._spawn(self._controller_loop())
-            self._spawn(self._heartbeat_loop())
+            self._spawn(self._controller.run())
+            self._spawn(self._controller.heartbeats())
         else:
-            self._registered.set()
+            self._controller.registered.set()
             self._check_ready()
-        await _first(self._ready.wait(), self._stopping.wait())
+        await first_done(self._ready.wait(), self._stopping.wait())
         main: asyncio.Task[None] | None = None
         if not self._stopping.is_set():
             self._set_state(ServiceState.RUNNING)
@@ -393,7 +396,10 @@ class Service(ControllerLink, Subscriptions, BoardSharing):
         if main is not None and not main.done():
             main.cancel()
             await asyncio.wait({main}, timeout=1.0)  # let its finally blocks count what is left
-        await self._drain()
+        # let subscribers take what is queued, then say goodbye to every peer
+        await self._subscriptions.close()
+        await self._peers.close(self.options.drain_timeout)
+        await self._controller.goodbye()
         for task in list(self._tasks):
             task.cancel()
 
@@ -401,56 +407,10 @@ class Service(ControllerLink, Subscriptions, BoardSharing):
         await self.main()
         self.stop("main finished")
 
-    async def _drain(self) -> None:
-        """Let subscribers take what is queued, then say goodbye to every peer."""
-
-        async def leave(link: Link) -> None:
-            link.retired = True
-            if link.conn is not None:
-                try:
-                    await asyncio.wait_for(link.conn.aclose(), 1.0)  # goodbye, not a vanish
-                except (TianjiError, TimeoutError) as exc:
-                    log.debug("%s: link %s closed unanswered: %r", self.name, link.conn.peer, exc)
-                    link.conn.abort()  # it did not answer: do not keep its sender waiting
-            if link.task is not None:
-                link.task.cancel()
-
-        # every link at once (a late PublishersChanged may add one: iterate a copy)
-        await asyncio.gather(*(leave(link) for link in list(self._links.values())))
-        subscribers = {c for conns in self._subscribers.values() for c in conns}
-        deadline = self.options.drain_timeout
-
-        async def close(conn: Connection) -> None:
-            try:
-                await asyncio.wait_for(conn.drain(), deadline)
-                await asyncio.wait_for(conn.aclose(), deadline)
-            except EndOfStream:  # the peer said goodbye first: nothing left to deliver
-                conn.abort()
-            except (TianjiError, TimeoutError) as exc:
-                self.counters["drain_failures"] += 1
-                log.warning("%s: could not drain %s: %s", self.name, conn.peer, str(exc))
-                conn.abort()
-
-        await asyncio.gather(*(close(c) for c in subscribers | self._peers))
-        controller = self._controller_conn
-        if controller is not None:
-            try:  # the last counts, so the controller's books have them
-                await controller.send(self._frames(self.heartbeat(), CONTROL))
-                await asyncio.wait_for(controller.aclose(), 2.0)
-            except (TianjiError, TimeoutError) as exc:
-                log.info("%s: last heartbeat or goodbye to the controller: %r", self.name, exc)
-                controller.abort()
-
     async def _release(self) -> None:
-        for listener in (self._listener, self._local_listener):
-            if listener is not None:
-                await listener.aclose()
-        for conn in list(self._peers):
-            conn.abort()
-        for link in self._links.values():
-            if link.conn is not None:
-                link.conn.abort()
-        self._close_sharing()
+        await self._peers.abort()
+        self._subscriptions.abort()
+        self._board.close()
         self._set_state(ServiceState.STOPPED)
         log.info("%s stopped: %s", self.name, self.stop_reason or "cancelled")
 
@@ -461,9 +421,29 @@ class Service(ControllerLink, Subscriptions, BoardSharing):
         self._notify()
 
     def _check_ready(self) -> None:
-        registered = self._registered.is_set() and not self._watch_pending
-        if self._state is ServiceState.STARTING and registered:
+        if self._state is ServiceState.STARTING and self._controller.complete():
             self._set_state(ServiceState.READY)
+
+    def _on_registered(self, run_id: str) -> None:
+        self.run_id = run_id
+        self._check_ready()
+
+    def _on_publishers(self, name: str, addresses: Sequence[str]) -> None:
+        self._subscriptions.set_publishers(name, addresses, {self.address, self.local_address})
+        self._check_ready()
+
+    def _registration(self) -> RegisterService:
+        return RegisterService(
+            name=self.name,
+            role=self.role,
+            address=self.address,
+            publishes=tuple(sorted(self._publishes)),
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            local_address=self.local_address,
+            locality=self.locality,
+            run_digest=self.run_digest,
+        )
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         if self._tg is None:
@@ -480,25 +460,6 @@ class Service(ControllerLink, Subscriptions, BoardSharing):
     async def _wait_changed(self) -> None:
         await self._changed.wait()
 
-    # ------------------------------------------------------------------ wire helpers
-    def _frames(self, ev: Event, topic_name: str) -> list[bytes | bytearray | memoryview]:
-        return [topic_name.encode(), *self._codec.encode(ev)]
-
-    def _decode(self, frames: list[memoryview], peer: str) -> tuple[str, Event]:
-        try:
-            if len(frames) < 2:
-                raise BadFrame("missing_topic", f"{len(frames)} frames; need topic + header")
-            try:
-                name = bytes(frames[0]).decode()
-            except UnicodeDecodeError:
-                raise BadFrame("bad_topic", f"topic frame {bytes(frames[0][:40])!r}") from None
-            ev = self._codec.decode(frames[1:])
-            if name and event_type_of_topic(name) != ev.TYPE:
-                raise BadFrame("topic_mismatch", f"{ev.TYPE} event on topic {name!r}")
-            return name, ev
-        except BadFrame as exc:
-            raise exc.with_peer(peer) from None
-
     def _prepare_publish(
         self, ev: Event, topic_name: str | None
     ) -> tuple[FrameList, list[Connection], FrameList | None]:
@@ -514,7 +475,7 @@ class Service(ControllerLink, Subscriptions, BoardSharing):
         if not conns:
             self.counters["published_unsubscribed"] += 1
             return frames, conns, None
-        shared, sent = self._split_for_board(name, frames, conns)
+        shared, sent = self._board.split(name, frames, conns)
         self.counters[ServiceStat.PUBLISHED_BYTES] += sent
         return frames, conns, shared
 
@@ -522,20 +483,9 @@ class Service(ControllerLink, Subscriptions, BoardSharing):
         """Add ``name`` to the published topics, telling the controller if connected."""
         if name not in self._publishes:
             self._publishes.add(name)
-            if self._controller_conn is not None and self._registered.is_set():
-                self._spawn(self._send_quietly(self._controller_conn, self._registration()))
-
-    def _drop_subscriber(self, conn: Connection, exc: TianjiError) -> None:
-        if isinstance(exc, EndOfStream):  # it said goodbye: left, not lost
-            self.counters["subscribers_left"] += 1
-            log.info("%s: subscriber %s left", self.name, conn.peer)
-        else:
-            self.counters["subscribers_lost"] += 1
-            log.warning("%s: subscriber %s lost: %s", self.name, conn.peer, str(exc))
-        for conns in self._subscribers.values():
-            conns.discard(conn)
-        conn.abort()
-        self._notify()
+            conn = self._controller.registered_conn()
+            if conn is not None:
+                self._spawn(self._send_quietly(conn, self._registration()))
 
     async def _send_quietly(self, conn: Connection | None, ev: Event) -> None:
         """Send a request in the background; a broken link is not fatal here, because the
@@ -547,90 +497,3 @@ class Service(ControllerLink, Subscriptions, BoardSharing):
         except TianjiError as exc:
             self.counters["requests_unsent"] += 1
             log.info("%s: %s not sent to %s: %s", self.name, ev.TYPE, conn.peer, str(exc))
-
-    async def _send_control(self, ev: Event) -> None:
-        conn = self._controller_conn
-        if conn is None:
-            raise ServiceFailed(self.name, f"no controller link to send {ev.TYPE}")
-        await conn.send(self._frames(ev, CONTROL))
-
-    # ------------------------------------------------------------------ serving
-    async def _accept_loop(self, listener: Listener | None, local: bool = False) -> None:
-        """Serve every peer that connects; ``local``: the listener for this host's peers
-        (they may read large events from this service's board)."""
-        assert listener is not None
-        while True:
-            try:
-                conn = await listener.accept()
-            except ClosedByUs as exc:  # we closed it: the service is stopping
-                log.debug("%s: listener closed: %s", self.name, exc)
-                return
-            except TianjiError as exc:  # no new peer reaches us from now on: say so
-                self.counters["listener_failures"] += 1
-                log.error("%s: listener %s failed: %s", self.name, listener.address, exc)
-                return
-            if local:
-                self._local_peers.add(conn)
-            self._spawn(self._serve_peer(conn))
-
-    async def _serve_peer(self, conn: Connection) -> None:
-        self._peers.add(conn)
-        try:
-            while True:
-                frames = await conn.recv()
-                _, ev = self._decode(frames, conn.peer)
-                if isinstance(ev, Subscribe):
-                    for name in ev.topics:
-                        self._subscribers.setdefault(name, set()).add(conn)
-                    self._notify()
-                    await self.on_subscribed(conn, ev.topics)
-                else:
-                    await self.on_request(ev, conn)
-        except BadFrame as exc:
-            self.counters["bad_frames"] += 1
-            log.warning("%s: closing connection from %s: %s", self.name, conn.peer, str(exc))
-            conn.abort()
-        except TianjiError as exc:
-            log.debug("%s: peer %s gone: %s", self.name, conn.peer, str(exc))
-        finally:
-            self._peers.discard(conn)
-            self._local_peers.discard(conn)
-            for conns in self._subscribers.values():
-                conns.discard(conn)
-            self._notify()
-            await self.on_peer_closed(conn)
-
-
-def advertised(address: str, host: str | None) -> str:
-    """``address`` with its host replaced by ``host`` (``tcp://0.0.0.0:5000`` advertised as
-    ``tcp://10.0.0.1:5000``); unchanged when ``host`` is ``None`` or the address has no
-    ``host:port`` part."""
-    if not host:
-        return address
-    scheme, rest = plugins.split_address(address)
-    _, sep, port = rest.rpartition(":")
-    if not sep or not port.isdigit():
-        return address
-    host = f"[{host}]" if ":" in host and not host.startswith("[") else host
-    return f"{scheme}://{host}:{port}"
-
-
-def locality() -> str:
-    """Which services can share memory with this one: same host and same network
-    namespace (the shm transport's rendezvous socket lives in the network namespace)."""
-    try:
-        netns = os.stat("/proc/self/ns/net").st_ino
-    except OSError as exc:  # no /proc (not Linux): one namespace per host
-        log.debug("no network namespace to tell apart: %r", exc)
-        return socket.gethostname()
-    return f"{socket.gethostname()}/net:{netns}"
-
-
-async def _first(*aws: Coroutine[Any, Any, Any]) -> None:
-    """Wait until the first of ``aws`` completes; cancel the rest."""
-    tasks = [asyncio.ensure_future(a) for a in aws]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for t in tasks:
-            t.cancel()

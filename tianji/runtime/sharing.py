@@ -1,10 +1,10 @@
-"""Large events shared through the host's memory: the :class:`BoardSharing` mixin of
+"""Large events shared through the host's memory: :class:`BoardSharing`, owned by
 :class:`~tianji.runtime.service.Service` (the mechanism is :mod:`tianji.runtime.board`).
 
-A publisher calls :meth:`BoardSharing.share_on_board` for a topic whose subscribers need
-only the latest event (weights). From then on an event of that topic of at least
-``BOARD_MIN_BYTES`` goes to the subscribers that connected through the local
-(shared-memory) listener as one board write plus an :class:`BoardPosted` reference each;
+A publisher calls :meth:`BoardSharing.share` (``Service.share_on_board``) for a topic
+whose subscribers need only the latest event (weights). From then on an event of that
+topic of at least ``BOARD_MIN_BYTES`` goes to the subscribers that connected through the
+local (shared-memory) listener as one board write plus an :class:`BoardPosted` reference each;
 subscribers on other hosts get it over their links as before. A subscriber resolves the
 reference into the event, its arrays viewing the board, and :meth:`BoardSharing.lease_of`
 gives the lease to check after copying them out.
@@ -13,96 +13,104 @@ gives the lease to check after copying them out.
 from __future__ import annotations
 
 import collections
-from typing import Protocol
+import logging
+import os
+import socket
 
 from tianji.runtime.board import BOARD_MIN_BYTES, Board, BoardReader, Lease
 from tianji.runtime.core import Connection
 from tianji.runtime.errors import BadFrame
 from tianji.runtime.events import BoardPosted, Event
 from tianji.runtime.heartbeats import ServiceStat
+from tianji.runtime.wiring import CONTROL, Decode, Encode, FrameList
 
-__all__ = ["BoardSharing", "FrameList"]
+__all__ = ["BoardSharing", "locality"]
 
-FrameList = list[bytes | bytearray | memoryview]
 LEASES_KEPT = 8
+log = logging.getLogger("tianji.service")
 
 
-class _Shares(Protocol):
-    """What board sharing uses of the service (see :class:`Service`)."""
-
-    name: str
-    counters: collections.Counter[str]
-    _board: Board | None
-    _board_topics: set[str]
-    _board_reader: BoardReader | None
-    _local_peers: set[Connection]
-    _leases: collections.OrderedDict[int, tuple[Event, Lease]]
-
-    def _frames(self, ev: Event, topic_name: str) -> FrameList: ...
-
-    def _decode(self, frames: list[memoryview], peer: str) -> tuple[str, Event]: ...
+def locality() -> str:
+    """Which services can share memory with this one: same host and same network
+    namespace (the shm transport's rendezvous socket lives in the network namespace)."""
+    try:
+        netns = os.stat("/proc/self/ns/net").st_ino
+    except OSError as exc:  # no /proc (not Linux): one namespace per host
+        log.debug("no network namespace to tell apart: %r", exc)
+        return socket.gethostname()
+    return f"{socket.gethostname()}/net:{netns}"
 
 
 class BoardSharing:
-    """Publishing on a board and reading from one (see the module docstring)."""
+    """Publishing on a board and reading from one (see the module docstring).
 
-    _board: Board | None
-    _board_topics: set[str]
-    _board_reader: BoardReader | None
-    _local_peers: set[Connection]
-    _leases: collections.OrderedDict[int, tuple[Event, Lease]]
+    Args:
+        counters: the service's counters (board writes, reads, superseded references).
+        local_peers: the service's subscribers on this host (kept up to date by it): only
+            they are sent references to the board.
+        encode, decode: a service message to and from its frames.
+    """
 
-    def _init_sharing(self: _Shares) -> None:
-        self._board = None
-        self._board_topics = set()
-        self._board_reader = None
-        self._local_peers = set()  # subscribers that came through the local listener
-        self._leases = collections.OrderedDict()
+    def __init__(
+        self,
+        counters: collections.Counter[str],
+        local_peers: set[Connection],
+        encode: Encode,
+        decode: Decode,
+    ) -> None:
+        self.counters = counters
+        self.local_peers = local_peers
+        self.board: Board | None = None  # made at the first shared event
+        self.topics: set[str] = set()
+        self.reader: BoardReader | None = None  # made at the first reference received
+        self._leases: collections.OrderedDict[int, tuple[Event, Lease]] = collections.OrderedDict()
+        self._encode = encode
+        self._decode = decode
 
-    def share_on_board(self: _Shares, topic_name: str) -> None:
+    def share(self, topic_name: str) -> None:
         """Send large events of ``topic_name`` to subscribers on this host through a
         shared-memory board (one write, however many subscribers), when this host has one."""
         if Board.available():
-            self._board_topics.add(topic_name)
+            self.topics.add(topic_name)
 
-    def lease_of(self: _Shares, ev: Event) -> Lease | None:
-        """The board lease of an event this service received through a board (one of the
-        last few), else ``None``: check ``valid()`` after copying its arrays out."""
+    def lease_of(self, ev: Event) -> Lease | None:
+        """The board lease of an event received through a board (one of the last few),
+        else ``None``: check ``valid()`` after copying its arrays out."""
         held = self._leases.get(id(ev))
         return held[1] if held is not None and held[0] is ev else None
 
-    def _split_for_board(
-        self: _Shares, name: str, frames: FrameList, conns: list[Connection]
+    def split(
+        self, name: str, frames: FrameList, conns: list[Connection]
     ) -> tuple[FrameList | None, int]:
         """The reference frames for the local subscribers among ``conns`` (the event written
         on the board once), or ``None`` when it goes over the links; and the bytes sent."""
         size = sum(memoryview(f).nbytes for f in frames)
-        local = [c for c in conns if c in self._local_peers] if name in self._board_topics else []
+        local = [c for c in conns if c in self.local_peers] if name in self.topics else []
         if not local or size - memoryview(frames[0]).nbytes < BOARD_MIN_BYTES:
             return None, size * len(conns)
-        if self._board is None:
-            self._board = Board()
+        if self.board is None:
+            self.board = Board()
         body = frames[1:]  # the topic frame travels in the reference
-        board, slot, seq = self._board.put(body)
+        board, slot, seq = self.board.put(body)
         lengths = tuple(memoryview(f).nbytes for f in body)
-        ref = self._frames(
-            BoardPosted(topic=name, board=board, slot=slot, seq=seq, lengths=lengths), ""
+        ref = self._encode(
+            BoardPosted(topic=name, board=board, slot=slot, seq=seq, lengths=lengths), CONTROL
         )
         self.counters[ServiceStat.BOARD_WRITES] += 1
         ref_size = sum(memoryview(f).nbytes for f in ref)
         return ref, size * (len(conns) - len(local)) + size + ref_size * len(local)
 
-    def _from_board(self: _Shares, ev: BoardPosted, peer: str) -> tuple[str, Event] | None:
+    def resolve(self, ev: BoardPosted, peer: str) -> tuple[str, Event] | None:
         """The event a reference stands for, or ``None`` if its slot was overwritten
         before it arrived (a newer event of the topic is on its way: counted).
 
         Raises:
             BadFrame: if the reference is malformed or names an unreadable board.
         """
-        if self._board_reader is None:
-            self._board_reader = BoardReader()
+        if self.reader is None:
+            self.reader = BoardReader()
         try:
-            got = self._board_reader.resolve(ev.board, ev.slot, ev.seq, ev.lengths)
+            got = self.reader.resolve(ev.board, ev.slot, ev.seq, ev.lengths)
         except BadFrame as exc:
             if exc.reason != "board_gone":
                 raise
@@ -118,10 +126,11 @@ class BoardSharing:
         self.counters[ServiceStat.BOARD_READS] += 1
         return name, inner
 
-    def _close_sharing(self: _Shares) -> None:
-        if self._board is not None:
-            self._board.close()
-            self._board = None
-        if self._board_reader is not None:
-            self._board_reader.close()
-            self._board_reader = None
+    def close(self) -> None:
+        """Unmap (and, for this service's own board, remove) the boards."""
+        if self.board is not None:
+            self.board.close()
+            self.board = None
+        if self.reader is not None:
+            self.reader.close()
+            self.reader = None
