@@ -19,7 +19,7 @@ from chaos_hosts import start_hosts
 from netns import Bridge
 
 from tianji.bench import chaos, scale_report
-from tianji.cli import run_parsed
+from tianji.cli import main
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,4 +32,4 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 if __name__ == "__main__":
-    sys.exit(run_parsed(build_parser().parse_args()))
+    sys.exit(main(parser=build_parser()))

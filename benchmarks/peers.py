@@ -22,7 +22,7 @@ from tianji.bench import throughput_report
 from tianji.bench import train as bench_train
 from tianji.bench.throughput import ENVS_PER_WORKER, WORKERS, Cell, PeerCommand
 from tianji.bench.throughput_work import EQUAL, sf_flags
-from tianji.cli import run_parsed
+from tianji.cli import main
 
 HERE = Path(__file__).resolve().parent
 
@@ -68,4 +68,4 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 if __name__ == "__main__":
-    sys.exit(run_parsed(build_parser().parse_args()))
+    sys.exit(main(parser=build_parser()))

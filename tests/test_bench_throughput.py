@@ -26,7 +26,7 @@ from tianji.bench.throughput import (
 )
 from tianji.bench.throughput_report import goals, markdown
 from tianji.bench.throughput_work import EQUAL, EqualWork, sf_flags, tianji_overrides
-from tianji.cli import main, run_parsed
+from tianji.cli import main
 from tianji.rl.config import RunConfig, build_dataclass
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
@@ -214,7 +214,7 @@ def test_an_unknown_env_or_a_missing_peer_interpreter_is_a_usage_error(
     assert main(["bench", "throughput", "--envs", "cartpole,breakout"]) == 2
     assert "breakout" in capsys.readouterr().err
     peers = build_peers_parser()  # benchmarks/peers.py: Sample Factory beside tianji
-    assert run_parsed(peers.parse_args(["throughput", "--peer-python", "/no/such/python"])) == 2
+    assert main(["throughput", "--peer-python", "/no/such/python"], peers) == 2
     assert "/no/such/python" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # tianji bench throughput alone runs no peer
         main(["bench", "throughput", "--peer-python", sys.executable])

@@ -121,36 +121,38 @@ def run_chaos(
     learner_resumes = load_config(config, sets).recovery.learner == "resume"  # checks it too
     rng = random.Random(seed)
     out.mkdir(parents=True, exist_ok=True)
-    shm_before = set(os.listdir(SHM_DIR)) if SHM_DIR.is_dir() else set()
+    shm_before = _shm_files()
     roles = killable_roles(learner_resumes)
     budget = [] if restarts is None else [f"recovery.restarts.{r}={restarts}" for r in roles]
     seconds = warmup + minutes * 60 + 120
-    if backend == "hosts":
-        if start_hosts is None:
-            raise ValueError("backend hosts needs start_hosts (benchmarks/hosts.py chaos)")
+    if backend != "hosts":
+        run = _start_train(config, [*budget, *sets], out, backend, seconds)
+    elif start_hosts is not None:
         run = start_hosts(config, [*budget, *sets], out, seconds, restarts, learner_resumes)
     else:
-        run = _start_train(config, [*budget, *sets], out, backend, seconds)
+        raise ValueError("backend hosts needs start_hosts (benchmarks/hosts.py chaos)")
     try:
         cut = cut_every if run.cut is not None else 0.0
         found = KillLoop(run, rng, roles, every, cut, cut_seconds).watch(minutes, warmup)
     finally:
         code = _stop(run)
-    leftovers = sorted(p for p in found.pop("pids_seen") if _alive(p))
+    found["leftover_processes"] = sorted(p for p in found.pop("pids_seen") if _alive(p))
     run.cleanup()
     time.sleep(2)
     summary = json.loads(run.summary_path.read_text()) if run.summary_path.exists() else {}
+    found["leftover_shm"] = sorted(_shm_files() - shm_before)
+    settings = {"config": config, "backend": backend, "every_s": every, "minutes": minutes}
+    return _report({**settings, "seed": seed, "exit_code": code}, summary, found, out)
+
+
+def _report(
+    settings: dict[str, Any], summary: dict[str, Any], found: dict[str, Any], out: Path
+) -> dict[str, Any]:
+    """The chaos report: the run's ``settings``, what the kill loop ``found`` (and the
+    leftovers), the run's ``summary`` and metrics rows (under ``out``)."""
     kills = found["kills"]
-    for k in kills:
-        k.pop("at", None)
-    shm_after = set(os.listdir(SHM_DIR)) if SHM_DIR.is_dir() else set()
     return {
-        "config": config,
-        "backend": backend,
-        "every_s": every,
-        "minutes": minutes,
-        "seed": seed,
-        "exit_code": code,
+        **settings,
         "stop_reason": summary.get("stop_reason"),
         "kills": kills,
         "roles": summarize_kills(kills),
@@ -163,12 +165,16 @@ def run_chaos(
         **_rows_balanced(out),
         "summary_balanced": (summary.get("accounting") or {}).get("balanced"),
         **final_books(summary),
-        "leftover_processes": leftovers,
-        "leftover_shm": sorted(shm_after - shm_before),
+        "leftover_processes": found["leftover_processes"],
+        "leftover_shm": found["leftover_shm"],
         "rss_growth_mb": _growth(found["rss_first"], found["rss_end"]),
         "rss_growth_second_half_mb": _growth(found["rss_mid"], found["rss_end"]),
         "rss_per_minute_mb": found["rss_series"],
     }
+
+
+def _shm_files() -> set[str]:
+    return set(os.listdir(SHM_DIR)) if SHM_DIR.is_dir() else set()
 
 
 def _rows_balanced(out: Path) -> dict[str, Any]:

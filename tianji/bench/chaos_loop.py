@@ -99,6 +99,8 @@ class KillLoop:
         if self.cut_until is not None and self.run.cut is not None:
             self.run.cut(True)
         self._let_the_last_come_back()
+        for kill in self.kills:
+            kill.pop("at", None)  # a monotonic time: meaningless in the report
         return {
             "kills": self.kills,
             "cuts": self.cuts,

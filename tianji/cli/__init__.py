@@ -13,7 +13,7 @@ from pathlib import Path
 from tianji import __version__
 from tianji.runtime.errors import TianjiError
 
-__all__ = ["main", "run_parsed"]
+__all__ = ["main"]
 
 
 def _cmd_version(args: argparse.Namespace) -> int:
@@ -127,15 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``tianji`` console script."""
-    return run_parsed(build_parser().parse_args(argv))
-
-
-def run_parsed(args: argparse.Namespace) -> int:
-    """Run a parsed command (``args.func``; ``args.log_level`` set): a tianji error is
-    exit code 2 with its message, Ctrl-C 130. The scripts in ``benchmarks/`` that extend
-    ``tianji bench`` run their commands through it too."""
+def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> int:
+    """Entry point of the ``tianji`` console script: run the command ``argv`` names (a
+    tianji error is exit code 2 with its message, Ctrl-C 130). ``parser`` (default
+    :func:`build_parser`'s) is for the scripts in ``benchmarks/`` that extend ``tianji
+    bench``: theirs has ``--log-level`` and commands that set ``func``."""
+    args = (parser or build_parser()).parse_args(argv)
     os.environ.setdefault("TIANJI_LOG_LEVEL", args.log_level)  # worker processes inherit it
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
