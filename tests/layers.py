@@ -69,6 +69,7 @@ PUBLIC = (
     "tianji.run.train",
     "tianji.run.config",
     "tianji.rl.config",
+    "tianji.rl.config_ops",
     "tianji.run.evaluate",
     "tianji.rl.algorithm",
     "tianji.rl.errors",

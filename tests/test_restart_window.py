@@ -12,7 +12,7 @@ import pytest
 
 from tianji.launch.base import Launcher, RestartPolicy, RestartWindow, restart_delay
 from tianji.launch.spec import ServiceSpec
-from tianji.rl.config import RESTART_PERIOD_S, RESTARTS
+from tianji.rl.config_ops import RESTART_PERIOD_S, RESTARTS
 from tianji.runtime.errors import ServiceFailed
 
 
