@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tianji.launch.base import RestartPolicy, restart_delay
+from tianji.launch.restarts import RestartPolicy, restart_delay
 from tianji.launch.spec import ServiceSpec
 from tianji.rl.balance import BalanceConfig
 from tianji.rl.config import RunConfig

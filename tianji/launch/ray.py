@@ -19,7 +19,7 @@ Placement and addresses:
 
 A dead actor (``ray.kill``, a crashed or killed worker process, a lost node) is a dead
 service, exactly as a dead child process is locally: within the run's restart limit
-(:class:`~tianji.launch.base.RestartPolicy`, ``[recovery]``: N restarts within any T
+(:class:`~tianji.launch.restarts.RestartPolicy`, ``[recovery]``: N restarts within any T
 seconds) tianji starts a new actor for
 it, named ``tianji-<run>-<service>-r<k>`` for its k-th restart, with the same accounting
 (``restarts``, ``dropped/lost_in_restart``) and the same preparation (a learner resumes from
