@@ -12,8 +12,8 @@ Two questions for each (N restarts within T seconds):
   picked). What is the chance that some service is refused a restart within ``--hours``?
   Computed exactly for one service by dynamic programming over its state at each kill
   (the restart times inside the window, the backoff's quick-death count, when it is back)
-  with the launcher's own :func:`~tianji.launch.base.restart_delay` and
-  :class:`~tianji.launch.base.RestartWindow`; the service is picked with probability
+  with the launcher's own :func:`~tianji.launch.restarts.restart_delay` and
+  :class:`~tianji.launch.restarts.RestartWindow`; the service is picked with probability
   ``1/services`` while it runs (``1/(services - 1)`` for the pessimistic column: one other
   service always down), and the run's chance is at most ``services`` times that (union
   bound). ``--startup`` is the seconds from a restart's spawn until the service runs again
@@ -36,7 +36,7 @@ import random
 import sys
 from pathlib import Path
 
-from tianji.launch.base import RestartPolicy, RestartWindow, restart_delay
+from tianji.launch.restarts import RestartPolicy, RestartWindow, restart_delay
 
 # A service's state at a kill tick: the ages (in ticks) of its restarts within the window,
 # its backoff's quick-death count, and the seconds from this tick to its incarnation's

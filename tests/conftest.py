@@ -2,6 +2,9 @@
 
 * Runs started by tests write their run directories under a temporary directory
   (``TIANJI_RUN_DIR``), never into the checkout.
+* The scripts of ``benchmarks/`` (run from a checkout, not in the package: the peers'
+  runners, the network-namespace hosts) import as top-level modules (``from netns import
+  Bridge``), as they do when run, from the end of ``sys.path``.
 * After the whole session, no process started by it is left alive (every process inherits
   the session's ``TIANJI_TEST_SESSION`` marker) and no shared-memory segment of tianji is
   left in ``/dev/shm``: exit paths (Ctrl-C, SIGTERM, kill -9, crashed children) release
@@ -14,6 +17,7 @@ import contextlib
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import time
 import uuid
@@ -26,6 +30,9 @@ from tianji.transports._shmring import PREFIX, SHM_DIR
 from tianji.rl.config import RUN_DIR_ENV
 
 MARKER = "TIANJI_TEST_SESSION"
+BENCHMARKS = str(Path(__file__).resolve().parents[1] / "benchmarks")
+if BENCHMARKS not in sys.path:
+    sys.path.append(BENCHMARKS)
 
 
 def _leftover_processes(marker: str) -> dict[int, str]:

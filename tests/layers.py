@@ -48,8 +48,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     "testing": frozenset({"root", "runtime"}),
 }
 FORBIDDEN_STDLIB: dict[str, frozenset[str]] = {"rl": frozenset({"asyncio"})}
-# public import paths kept for users (re-exports); nothing inside tianji imports them
-FACADES = frozenset(
+# the re-export paths of 0.1.0, removed: nothing may import them (they no longer exist)
+REMOVED = frozenset(
     f"tianji.{n}"
     for n in (
         "buffers",
@@ -63,6 +63,35 @@ FACADES = frozenset(
         "events",
         "service",
     )
+)
+# the public import paths (docs/architecture.md, "Public import paths"): each must import
+PUBLIC = (
+    "tianji.run.train",
+    "tianji.run.config",
+    "tianji.rl.config",
+    "tianji.rl.config_ops",
+    "tianji.run.evaluate",
+    "tianji.rl.algorithm",
+    "tianji.rl.errors",
+    "tianji.rl.buffers",
+    "tianji.rl.checkpoint",
+    "tianji.rl.envs",
+    "tianji.algorithms",
+    "tianji.runtime.service",
+    "tianji.runtime.events",
+    "tianji.rl.events",
+    "tianji.rl.topics",
+    "tianji.runtime.controller",
+    "tianji.services.balancer",
+    "tianji.services.common",
+    "tianji.runtime.loop",
+    "tianji.launch.local",
+    "tianji.launch.spec",
+    "tianji.runtime.core",
+    "tianji.runtime.errors",
+    "tianji.runtime.codec",
+    "tianji.transports",
+    "tianji.testing",
 )
 
 
@@ -90,8 +119,8 @@ def layer_of(module: str) -> str:
     parts = module.split(".")
     if len(parts) == 1:
         return "root"
-    if module in FACADES:
-        return "facade"
+    if module in REMOVED:
+        return "removed"
     second = parts[1]
     if second in ALLOWED:
         return second
@@ -152,11 +181,9 @@ def violations(modules: Mapping[str, str]) -> list[str]:
                 if imp.target[7:] in FORBIDDEN_STDLIB.get(own, ()):
                     problems.append(f"{where} ({own} uses no {imp.target[7:]})")
                 continue
-            if own == "facade":
-                continue
             theirs = layer_of(imp.target)
-            if theirs == "facade":
-                problems.append(f"{where} (a public re-export path: import the module itself)")
+            if theirs == "removed":
+                problems.append(f"{where} (a removed re-export path: import the module itself)")
             elif theirs != own and theirs not in ALLOWED[own]:
                 problems.append(f"{where} ({own} may not import {theirs})")
     return problems

@@ -14,8 +14,8 @@ import threading
 from pathlib import Path
 
 from tests.test_service_pubsub import running, until
-from tianji.rl.config import to_dict
 from tianji.rl.balance import UNLIMITED
+from tianji.rl.config import to_dict
 from tianji.rl.events import GrantProduction, ParamsPublished, TrajectoryCollected
 from tianji.rl.topics import LATEST_PARAMS, TRAJECTORIES
 from tianji.run.config import load_config

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from tianji.rl.balance import Observation
 from tianji.rl.stats import ActorStat, BufferStat, LearnerStat
-from tianji.runtime.events import Heartbeat
 from tianji.rl.tally import Tally
+from tianji.runtime.events import Heartbeat
 
 NAMES = {"actor-0": "actor", "actor-1": "actor", "buffer-0": "buffer", "learner-0": "learner"}
 

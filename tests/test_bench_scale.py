@@ -5,8 +5,8 @@ figures come from ``tianji bench scale``; ``--quick`` runs in ``.ci/run``)."""
 from __future__ import annotations
 
 import pytest
+from netns import Bridge
 
-from tianji.bench.netns import Bridge
 from tianji.bench.scale_control import measure_control, roles_of
 from tianji.bench.scale_fanout import measure_fanout
 from tianji.bench.scale_report import MB, goals, markdown, plan
@@ -14,12 +14,13 @@ from tianji.cli import main
 
 
 def test_the_full_plan_covers_the_issue_s_counts_and_quick_stays_small() -> None:
-    full, quick = plan(False), plan(True)
+    full, quick = plan(False, Bridge), plan(True, Bridge)
     assert full.services == (100, 1000, 10_000)
     assert full.actors == (1, 2, 4, 8, 16, 32)
     assert full.subscribers == (1, 8, 32, 64) and full.hosts == (2, 4)
     assert full.sizes == [MB, 10 * MB, 100 * MB]
     assert max(quick.services) <= 1000 and quick.hosts == () and max(quick.actors) <= 2
+    assert plan(False).hosts == ()  # tianji bench scale: one host (no namespaces)
 
 
 def test_a_simulated_run_has_its_four_fixed_services_and_actors() -> None:

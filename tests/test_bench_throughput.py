@@ -9,6 +9,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from peers import build_parser as build_peers_parser
 from torch import nn
 
 from tianji.bench.spawn import run_json_child
@@ -212,8 +213,11 @@ def test_an_unknown_env_or_a_missing_peer_interpreter_is_a_usage_error(
 ) -> None:
     assert main(["bench", "throughput", "--envs", "cartpole,breakout"]) == 2
     assert "breakout" in capsys.readouterr().err
-    assert main(["bench", "throughput", "--peer-python", "/no/such/python"]) == 2
+    peers = build_peers_parser()  # benchmarks/peers.py: Sample Factory beside tianji
+    assert main(["throughput", "--peer-python", "/no/such/python"], peers) == 2
     assert "/no/such/python" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # tianji bench throughput alone runs no peer
+        main(["bench", "throughput", "--peer-python", sys.executable])
     assert main(["bench", "throughput", "--work", "equal,same-ish"]) == 2
     assert "same-ish" in capsys.readouterr().err
 
@@ -248,3 +252,17 @@ def test_a_brief_plan_keeps_the_quoted_rows_of_each_env() -> None:
             ("sample-factory", "equal"),
             ("sample-factory", "peer-defaults"),
         ]
+
+
+def test_the_checkout_s_peers_script_runs_sample_factory_with_the_equal_work_flags() -> None:
+    from peers import sample_factory
+
+    from tianji.bench.throughput import Cell
+
+    command = sample_factory("/sf/bin/python")
+    cmd = command(Cell("sample-factory", "pong", work="equal"), 60.0, 20.0, "/tmp/x")
+    assert cmd[0] == "/sf/bin/python" and Path(cmd[1]).name == "sf_runner.py"
+    assert Path(cmd[1]).is_file()
+    assert cmd[-1] == "--sf-args=" + " ".join(sf_flags(EQUAL["pong"]))
+    mine = command(Cell("sample-factory", "cartpole", work="peer-defaults"), 60.0, 20.0, "/t")
+    assert not any(c.startswith("--sf-args") for c in mine)

@@ -9,15 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tianji.bench.train import (
-    Plan,
-    aggregate,
-    markdown,
-    parse_counts,
-    parse_seeds,
-    run_config,
-    waste_and_waits,
-)
+from tianji.bench.train import Plan, parse_counts, parse_seeds, run_config
+from tianji.bench.train_report import aggregate, markdown, waste_and_waits
 from tianji.rl.config import RunConfig, build_dataclass, to_dict
 from tianji.run.config import load_config
 from tianji.runtime.errors import ConfigError
@@ -264,3 +257,13 @@ def test_a_negative_update_delay_is_refused_naming_it() -> None:
 
     with pytest.raises(ConfigError, match=r"algo\.update_ms"):
         make_algorithm(config, seed=0, device="cpu")
+
+
+def test_the_checkout_s_peers_script_adds_sb3_beside_tianji_s_systems() -> None:
+    from peers import build_parser, sb3_command
+
+    args = build_parser().parse_args(["train", "--quick"])
+    assert args.systems.split(",") == ["relaxed", "sync", "unbalanced", "sb3"]
+    cmd = sb3_command("ppo", 3, 475.0, 40.0)
+    assert Path(cmd[1]) == ROOT / "benchmarks" / "sb3.py" and Path(cmd[1]).is_file()
+    assert cmd[2:] == ["ppo", "--seed", "3", "--target-return", "475.0", "--max-seconds", "40.0"]

@@ -33,7 +33,8 @@ from tianji.rl.checkpoint import (
     unpack_state,
     write_checkpoint,
 )
-from tianji.rl.config import CheckpointConfig, StopConfig
+from tianji.rl.config import StopConfig
+from tianji.rl.config_ops import CheckpointConfig
 from tianji.rl.events import CheckpointTaken
 from tianji.run.config import load_config
 from tianji.run.plan import RunPlan

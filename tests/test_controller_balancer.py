@@ -12,10 +12,10 @@ from tianji.rl.events import (
     GrantConsumption,
     GrantProduction,
 )
+from tianji.rl.run_balance import balance_config
 from tianji.run.config import load_config
 from tianji.runtime.errors import ConfigError
 from tianji.runtime.events import Event, Heartbeat
-from tianji.rl.run_balance import balance_config
 from tianji.services.balancer import Balancer
 
 

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from netns import Bridge, NetnsError
 
-from tianji.bench.netns import Bridge, NetnsError
 from tianji.launch.supervisor import serving_pids
 
 ROOT = Path(__file__).resolve().parents[1]

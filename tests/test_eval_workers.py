@@ -82,10 +82,10 @@ def test_an_evaluation_is_due_by_time_or_versions_and_never_twice_for_a_version(
 def test_the_eval_env_takes_the_overrides_and_keeps_the_rest() -> None:
     train = EnvConfig(id="CartPole-v1", kwargs={"sutton_barto_reward": True}, wrappers=("a:b",))
     assert EvalConfig().env(train) == train
-    other = EvalConfig(env_id="tianji.envs:MaskedCartPole", env_kwargs={"render_mode": None})
+    other = EvalConfig(env_id="tianji.rl.envs:MaskedCartPole", env_kwargs={"render_mode": None})
     env = other.env(train)
     assert (env.id, env.kwargs, env.wrappers) == (
-        "tianji.envs:MaskedCartPole", {"render_mode": None}, ("a:b",),
+        "tianji.rl.envs:MaskedCartPole", {"render_mode": None}, ("a:b",),
     )  # fmt: skip
 
 

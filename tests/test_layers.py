@@ -3,8 +3,10 @@ violation of each kind."""
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
-from layers import ALLOWED, FACADES, cycles, layer_of, sources, violations
+from layers import ALLOWED, PUBLIC, REMOVED, ROOT, cycles, layer_of, sources, violations
 
 
 @pytest.fixture(scope="module")
@@ -14,7 +16,7 @@ def modules() -> dict[str, str]:
 
 def test_every_module_sits_in_a_layer(modules: dict[str, str]) -> None:
     layers = {layer_of(m) for m in modules}
-    assert layers <= set(ALLOWED) | {"facade"}
+    assert layers <= set(ALLOWED)
     assert {"runtime", "rl", "services", "run", "launch", "cli"} <= layers
 
 
@@ -26,12 +28,19 @@ def test_there_is_no_import_cycle(modules: dict[str, str]) -> None:
     assert cycles(modules) == []
 
 
-def test_every_public_path_reexports_and_nothing_inside_imports_it(
-    modules: dict[str, str],
-) -> None:
-    for facade in FACADES:
-        assert facade in modules, f"{facade} (a documented import path) is gone"
-        assert "__all__" in modules[facade]
+def test_the_old_reexport_paths_are_gone(modules: dict[str, str]) -> None:
+    for old in REMOVED:
+        assert old not in modules, f"{old} (a removed re-export path) is back"
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(old)
+
+
+@pytest.mark.parametrize("module", PUBLIC)
+def test_every_public_path_imports_and_is_documented(module: str) -> None:
+    importlib.import_module(module)
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    section = doc.split("### Public import paths")[1].split("\n## ")[0]
+    assert f"`{module}`" in section, f"{module} is not listed in docs/architecture.md"
 
 
 @pytest.mark.parametrize(
@@ -73,7 +82,11 @@ def test_every_public_path_reexports_and_nothing_inside_imports_it(
             "from tianji.launch.base import Launcher",
             "services may not import launch",
         ),
-        ("tianji.run.plan", "from tianji.events import Heartbeat", "a public re-export path"),
+        (
+            "tianji.run.plan",
+            "from tianji.events import Heartbeat",
+            "a removed re-export path",
+        ),
     ],
 )
 def test_a_planted_violation_is_reported(

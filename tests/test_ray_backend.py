@@ -23,7 +23,7 @@ import pytest
 from tianji.launch.base import run_launcher
 from tianji.launch.ray import RayLauncher, role_of
 from tianji.launch.spec import ServiceSpec
-from tianji.rl.config import RayConfig
+from tianji.rl.config_ops import RayConfig
 from tianji.run.config import load_config
 from tianji.run.demo import demo_specs
 from tianji.run.plan import build_specs

@@ -20,10 +20,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tianji.launch.base import RestartPolicy, restart_delay
+from tianji.launch.restarts import RestartPolicy, restart_delay
 from tianji.launch.spec import ServiceSpec
 from tianji.rl.balance import BalanceConfig
-from tianji.rl.config import RecoveryConfig, RunConfig
+from tianji.rl.config import RunConfig
+from tianji.rl.config_ops import RecoveryConfig
 from tianji.run.config import load_config
 from tianji.runtime.controller import Controller
 from tianji.runtime.errors import ConfigError

@@ -24,7 +24,7 @@ from tianji.services.actor import ActorService
 from tianji.services.collector import FragmentCollector
 from tianji.services.inference import InferenceService
 
-MASKED = "tianji.envs:MaskedCartPole"
+MASKED = "tianji.rl.envs:MaskedCartPole"
 
 
 def gru_ppo(seed: int = 0, **config: Any) -> PPO:

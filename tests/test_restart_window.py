@@ -10,9 +10,10 @@ import signal
 
 import pytest
 
-from tianji.launch.base import Launcher, RestartPolicy, RestartWindow, restart_delay
+from tianji.launch.base import Launcher
+from tianji.launch.restarts import RestartPolicy, RestartWindow, restart_delay
 from tianji.launch.spec import ServiceSpec
-from tianji.rl.config import RESTART_PERIOD_S, RESTARTS
+from tianji.rl.config_ops import RESTART_PERIOD_S, RESTARTS
 from tianji.runtime.errors import ServiceFailed
 
 

@@ -1,8 +1,9 @@
 """``tianji bench chaos``: kill -9 a random service every few seconds during a training run.
 
 A ``tianji train CONFIG`` run (``--backend local`` or ``ray``, with its dashboard; or with
-``--backend hosts`` a run deployed by hand on two network-namespace hosts, every service
-under ``tianji serve --restart``: :mod:`tianji.bench.chaos_hosts`) trains for
+``--backend hosts``, from a checkout with ``python benchmarks/hosts.py chaos``, a run
+deployed by hand on two network-namespace hosts, every service under ``tianji serve
+--restart``: ``benchmarks/chaos_hosts.py``) trains for
 ``--minutes`` minutes; after ``--warmup`` seconds, every ``--every`` seconds one running
 service of a restartable role (actors, inference services, buffers, evaluation workers, the
 parameter service, and the learner when ``[recovery] learner = "resume"``; never the
@@ -28,6 +29,7 @@ Goal (issue 22): one kill every 10 s for 10 min on the PPO example with ``learne
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -38,11 +40,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tianji.bench.chaos_run import ChaosRun, start_logged
+from tianji.bench.chaos_loop import KillLoop
+from tianji.bench.chaos_run import ChaosRun, StartHosts, start_logged
 from tianji.rl.stats import Dropped
 
 __all__ = ["final_books", "killable_roles", "run_chaos", "summarize_kills"]
@@ -56,24 +58,6 @@ def killable_roles(learner_resumes: bool) -> tuple[str, ...]:
     """The roles chaos may kill: every restartable one, the learner only when it resumes."""
     roles = ("actor", "inference", "buffer", "eval", "params")
     return (*roles, "learner") if learner_resumes else roles
-
-
-def _status(url: str) -> dict[str, Any]:
-    with urllib.request.urlopen(url, timeout=10) as response:
-        body: dict[str, Any] = json.loads(response.read().decode())
-        return body
-
-
-def _rss_mb(pid: int) -> float | None:
-    try:
-        text = Path(f"/proc/{pid}/status").read_text()
-    except OSError as exc:  # it is gone: no RSS
-        log.debug("pid %d: %r", pid, exc)
-        return None
-    for line in text.splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return None
 
 
 def _alive(pid: int) -> bool:
@@ -128,52 +112,47 @@ def run_chaos(
     backend: str = "local",
     cut_every: float = 0.0,
     cut_seconds: float = 5.0,
+    start_hosts: StartHosts | None = None,
 ) -> dict[str, Any]:
-    """Run the chaos (see the module docstring) and return its report."""
+    """Run the chaos (see the module docstring) and return its report (``backend`` hosts:
+    the run is started by ``start_hosts``, ``benchmarks/chaos_hosts.py``'s)."""
     from tianji.run.config import load_config
 
     learner_resumes = load_config(config, sets).recovery.learner == "resume"  # checks it too
     rng = random.Random(seed)
     out.mkdir(parents=True, exist_ok=True)
-    shm_before = set(os.listdir(SHM_DIR)) if SHM_DIR.is_dir() else set()
+    shm_before = _shm_files()
     roles = killable_roles(learner_resumes)
     budget = [] if restarts is None else [f"recovery.restarts.{r}={restarts}" for r in roles]
     seconds = warmup + minutes * 60 + 120
-    if backend == "hosts":
-        from tianji.bench.chaos_hosts import start_hosts
-
+    if backend != "hosts":
+        run = _start_train(config, [*budget, *sets], out, backend, seconds)
+    elif start_hosts is not None:
         run = start_hosts(config, [*budget, *sets], out, seconds, restarts, learner_resumes)
     else:
-        run = _start_train(config, [*budget, *sets], out, backend, seconds)
+        raise ValueError("backend hosts needs start_hosts (benchmarks/hosts.py chaos)")
     try:
-        found = _kill_loop(run, rng, killable_roles(learner_resumes), every, minutes, warmup,
-                           cut_every if run.cut is not None else 0.0, cut_seconds)  # fmt: skip
+        cut = cut_every if run.cut is not None else 0.0
+        found = KillLoop(run, rng, roles, every, cut, cut_seconds).watch(minutes, warmup)
     finally:
         code = _stop(run)
-    leftovers = sorted(p for p in found.pop("pids_seen") if _alive(p))
+    found["leftover_processes"] = sorted(p for p in found.pop("pids_seen") if _alive(p))
     run.cleanup()
     time.sleep(2)
     summary = json.loads(run.summary_path.read_text()) if run.summary_path.exists() else {}
-    rows_file = next(out.glob("*/metrics.jsonl"), None)
-    metric_rows = (
-        [json.loads(x) for x in rows_file.read_text().splitlines() if x.strip()]
-        if rows_file
-        else []
-    )
-    unbalanced = [
-        r["t"] for r in metric_rows if r.get("accounting") and not r["accounting"]["balanced"]
-    ]
-    shm_after = set(os.listdir(SHM_DIR)) if SHM_DIR.is_dir() else set()
+    found["leftover_shm"] = sorted(_shm_files() - shm_before)
+    settings = {"config": config, "backend": backend, "every_s": every, "minutes": minutes}
+    return _report({**settings, "seed": seed, "exit_code": code}, summary, found, out)
+
+
+def _report(
+    settings: dict[str, Any], summary: dict[str, Any], found: dict[str, Any], out: Path
+) -> dict[str, Any]:
+    """The chaos report: the run's ``settings``, what the kill loop ``found`` (and the
+    leftovers), the run's ``summary`` and metrics rows (under ``out``)."""
     kills = found["kills"]
-    for k in kills:
-        k.pop("at", None)
     return {
-        "config": config,
-        "backend": backend,
-        "every_s": every,
-        "minutes": minutes,
-        "seed": seed,
-        "exit_code": code,
+        **settings,
         "stop_reason": summary.get("stop_reason"),
         "kills": kills,
         "roles": summarize_kills(kills),
@@ -183,16 +162,34 @@ def run_chaos(
         "lost_in_restart": (summary.get("samples_dropped") or {}).get("lost_in_restart", 0),
         "return_before_first_kill": found["return_before"],
         "return_at_end": found["return_end"],
-        "metrics_rows": len(metric_rows),
-        "unbalanced_rows": unbalanced,
+        **_rows_balanced(out),
         "summary_balanced": (summary.get("accounting") or {}).get("balanced"),
         **final_books(summary),
-        "leftover_processes": leftovers,
-        "leftover_shm": sorted(shm_after - shm_before),
+        "leftover_processes": found["leftover_processes"],
+        "leftover_shm": found["leftover_shm"],
         "rss_growth_mb": _growth(found["rss_first"], found["rss_end"]),
         "rss_growth_second_half_mb": _growth(found["rss_mid"], found["rss_end"]),
         "rss_per_minute_mb": found["rss_series"],
     }
+
+
+def _shm_files() -> set[str]:
+    return set(os.listdir(SHM_DIR)) if SHM_DIR.is_dir() else set()
+
+
+def _rows_balanced(out: Path) -> dict[str, Any]:
+    """How many metrics rows the run wrote, and the times of those whose accounting did not
+    balance."""
+    rows_file = next(out.glob("*/metrics.jsonl"), None)
+    metric_rows = (
+        [json.loads(x) for x in rows_file.read_text().splitlines() if x.strip()]
+        if rows_file
+        else []
+    )
+    unbalanced = [
+        r["t"] for r in metric_rows if r.get("accounting") and not r["accounting"]["balanced"]
+    ]
+    return {"metrics_rows": len(metric_rows), "unbalanced_rows": unbalanced}
 
 
 def final_books(summary: dict[str, Any]) -> dict[str, Any]:
@@ -239,150 +236,6 @@ def _stop(run: ChaosRun) -> int | None:
     return code
 
 
-def _kill_loop(
-    run: ChaosRun,
-    rng: random.Random,
-    roles: tuple[str, ...],
-    every: float,
-    minutes: float,
-    warmup: float,
-    cut_every: float,
-    cut_seconds: float,
-) -> dict[str, Any]:
-    """Kill a random service every ``every`` seconds (and cut the actors' host off every
-    ``cut_every`` seconds) for ``minutes``; what was seen."""
-    url, proc = run.url, run.proc
-    pids_seen: set[int] = {s.pid for s in run.supervisors}
-    kills: list[dict[str, Any]] = []
-    cuts: list[dict[str, float]] = []
-    status = _wait(url, lambda s: s["counters"]["episodes"] > 0, 180)
-    time.sleep(warmup)
-    status = _status(url)
-    return_before = status["counters"]["mean_return"]
-    first = {s["name"]: s["pid"] for s in status["services"] if s["pid"]}
-    pids_seen.update(first.values())
-    rss_first = {name: _rss_mb(pid) for name, pid in first.items()}
-    print(f"chaos: first kill at {warmup:.0f} s, return {return_before}", file=sys.stderr)
-    began = time.monotonic()
-    deadline = began + minutes * 60
-    halfway = began + minutes * 30
-    rss_mid: dict[str, float | None] = {}
-    rss_series: dict[str, list[tuple[float, float]]] = {}  # survivors' RSS each minute
-    next_sample = began
-    next_kill = began
-    next_cut = began + cut_every if cut_every > 0 else float("inf")
-    cut_until: float | None = None
-    pending: dict[str, dict[str, Any]] = {}  # service -> its kill, until it is back
-    while time.monotonic() < deadline:
-        try:
-            status = _status(url)
-        except OSError as exc:  # the run ended (or its dashboard is busy): the report says which
-            log.debug("no status: %r", exc)
-            if proc.poll() is not None:
-                break
-            time.sleep(0.5)
-            continue
-        rows = {s["name"]: s for s in status["services"]}
-        pids_seen.update(s["pid"] for s in rows.values() if s["pid"])
-        now = time.monotonic()
-        if not rss_mid and now >= halfway:
-            rss_mid = {n: _rss_mb(p) for n, p in first.items()}
-        if now >= next_sample:
-            _sample_rss(rss_series, first, rows, round((now - began) / 60, 1))
-            next_sample = now + 60
-        _settle(pending, rows, now)
-        if cut_until is not None and now >= cut_until:
-            assert run.cut is not None
-            run.cut(True)
-            cut_until = None
-            print(f"chaos: [{now - began:6.1f} s] link back", file=sys.stderr)
-        elif cut_until is None and now >= next_cut:
-            assert run.cut is not None
-            run.cut(False)
-            cut_until, next_cut = now + cut_seconds, now + cut_every
-            cuts.append({"t": round(now - began, 1), "seconds": cut_seconds})
-            print(f"chaos: [{now - began:6.1f} s] cut the actors' host off", file=sys.stderr)
-        if now >= next_kill:
-            candidates = [
-                s for s in rows.values()
-                if s["role"] in roles and s["state"] == "running" and s["pid"]
-                and s["name"] not in pending
-            ]  # fmt: skip
-            if candidates:
-                victim = rng.choice(sorted(candidates, key=lambda s: s["name"]))
-                try:
-                    os.kill(victim["pid"], signal.SIGKILL)
-                except ProcessLookupError as exc:  # it died on its own meanwhile
-                    log.debug("%s already gone: %r", victim["name"], exc)
-                kill = {
-                    "t": round(now - began, 1),
-                    "service": victim["name"],
-                    "role": victim["role"],
-                    "pid": victim["pid"],
-                    "at": now,
-                    "restart_s": None,
-                }
-                kills.append(kill)
-                pending[victim["name"]] = kill
-                print(f"chaos: [{kill['t']:6.1f} s] killed {victim['name']}", file=sys.stderr)
-            next_kill = now + every
-        if proc.poll() is not None:
-            break
-        time.sleep(0.25)
-    if cut_until is not None and run.cut is not None:
-        run.cut(True)
-    settle = time.monotonic() + 60  # let the last kills come back (backoff <= 30 s)
-    while pending and time.monotonic() < settle and proc.poll() is None:
-        try:
-            status = _status(url)
-        except OSError as exc:  # busy or gone: settle with the last status
-            log.debug("no status: %r", exc)
-        _settle(pending, {s["name"]: s for s in status["services"]}, time.monotonic())
-        time.sleep(0.25)
-    killed = {k["service"] for k in kills}
-    rss_end = {
-        s["name"]: _rss_mb(s["pid"])
-        for s in status["services"]
-        if s["pid"] and s["name"] not in killed
-    }
-    return {
-        "kills": kills,
-        "cuts": cuts,
-        "pids_seen": pids_seen,
-        "return_before": return_before,
-        "return_end": status["counters"]["mean_return"],
-        "rss_first": rss_first,
-        "rss_mid": rss_mid,
-        "rss_end": rss_end,
-        "rss_series": rss_series,
-    }
-
-
-def _sample_rss(
-    series: dict[str, list[tuple[float, float]]],
-    first: dict[str, int],
-    rows: dict[str, Any],
-    minute: float,
-) -> None:
-    """Append the RSS of every first-seen service still running as the same process."""
-    for name, pid in first.items():
-        row = rows.get(name)
-        mb = _rss_mb(pid) if row is not None and row["pid"] == pid else None
-        if mb is None:
-            series.pop(name, None)  # killed (or gone): not a survivor
-            continue
-        series.setdefault(name, []).append((minute, round(mb, 1)))
-
-
-def _settle(pending: dict[str, dict[str, Any]], rows: dict[str, Any], now: float) -> None:
-    """Mark the kills whose service runs again (a new pid) as restarted."""
-    for name, kill in list(pending.items()):
-        row = rows.get(name)
-        if row and row["state"] == "running" and row["pid"] not in (None, kill["pid"]):
-            kill["restart_s"] = round(now - kill["at"], 2)
-            del pending[name]
-
-
 def _growth(first: dict[str, float | None], end: dict[str, float | None]) -> dict[str, float]:
     """MB each service grew by, for those measured at both ends."""
     out = {}
@@ -391,21 +244,6 @@ def _growth(first: dict[str, float | None], end: dict[str, float | None]) -> dic
         if start is not None and stop is not None:
             out[name] = round(stop - start, 1)
     return out
-
-
-def _wait(url: str, ok: Any, timeout: float) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            body = _status(url)
-        except OSError as exc:  # not up yet
-            log.debug("no status yet: %r", exc)
-        else:
-            if ok(body):
-                return body
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the run did not start within {timeout:.0f} s")
-        time.sleep(0.5)
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -448,8 +286,9 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def add_parser(bench: Any) -> None:
-    """Add ``tianji bench chaos`` to the ``bench`` subparsers."""
+def add_parser(bench: Any, start_hosts: StartHosts | None = None) -> None:
+    """Add ``tianji bench chaos`` to the ``bench`` subparsers (with ``start_hosts``, also
+    ``--backend hosts`` and its cuts: ``benchmarks/hosts.py``)."""
     b = bench.add_parser(
         "chaos",
         help="kill -9 a random service every few seconds during a training run",
@@ -466,30 +305,32 @@ def add_parser(bench: Any) -> None:
         help="restarts per service within [recovery] period_s (default: the run's own "
         "[recovery] restarts, so the chaos tests the run's limits; e.g. 1000: no limit)",
     )
+    hosts = start_hosts is not None
     b.add_argument(
         "--backend",
-        choices=["local", "ray", "hosts"],
+        choices=["local", "ray", "hosts"] if hosts else ["local", "ray"],
         default="local",
-        help="where the services run: processes here, Ray actors (a local Ray), or two "
-        "network-namespace hosts with tianji serve --restart (root and iproute2)",
+        help="where the services run: processes here, Ray actors (a local Ray)"
+        + (", or two network-namespace hosts with tianji serve --restart" if hosts else ""),
     )
-    b.add_argument(
-        "--cut-every",
-        type=float,
-        default=0.0,
-        metavar="S",
-        help="with --backend hosts: take the actors' host off the network every S seconds",
-    )
-    b.add_argument("--cut-seconds", type=float, default=5.0, help="how long each cut lasts (5)")
+    if hosts:
+        b.add_argument(
+            "--cut-every",
+            type=float,
+            default=0.0,
+            metavar="S",
+            help="with --backend hosts: take the actors' host off the network every S seconds",
+        )
+        b.add_argument("--cut-seconds", type=float, default=5.0, help="how long each cut lasts (5)")
     b.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="passed to tianji train"
     )
     b.add_argument("--out", metavar="DIR", help="the run directory and chaos.json/chaos.md")
     b.add_argument("--json", action="store_true", help="print the JSON report, not the table")
-    b.set_defaults(func=_cmd)
+    b.set_defaults(func=functools.partial(_cmd, start_hosts=start_hosts))
 
 
-def _cmd(args: Any) -> int:
+def _cmd(args: Any, start_hosts: StartHosts | None = None) -> int:
     from tianji.runtime.errors import ConfigError
 
     if args.every <= 0 or args.minutes <= 0 or args.warmup < 0:
@@ -505,8 +346,9 @@ def _cmd(args: Any) -> int:
         sets=list(args.set),
         out=out,
         backend=args.backend,
-        cut_every=args.cut_every,
-        cut_seconds=args.cut_seconds,
+        cut_every=getattr(args, "cut_every", 0.0),  # only with hosts
+        cut_seconds=getattr(args, "cut_seconds", 5.0),
+        start_hosts=start_hosts,
     )
     table = markdown(report)
     (out / "chaos.json").write_text(json.dumps(report, indent=2))

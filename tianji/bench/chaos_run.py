@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO
 
-__all__ = ["ChaosRun", "Logged", "start_logged"]
+__all__ = ["ChaosRun", "Logged", "StartHosts", "start_logged"]
 
 
 @dataclasses.dataclass
@@ -26,6 +26,11 @@ class ChaosRun:
     supervisors: list[subprocess.Popen[bytes]] = dataclasses.field(default_factory=list)
     cleanup: Callable[[], None] = lambda: None
 
+
+StartHosts = Callable[[str, list[str], Path, float, "int | None", bool], ChaosRun]
+"""Starts the run on hosts: (config, ``--set`` overrides, run directory, seconds, restarts
+per service or ``None``, whether the learner resumes) -> the run (``benchmarks/chaos_hosts.py``
+is one: root and iproute2)."""
 
 Logged = tuple[subprocess.Popen[str], str, subprocess.Popen[bytes], IO[str]]
 """A started process, its dashboard's status URL, the pump of its output and its log."""

@@ -1,7 +1,7 @@
 """``tianji bench memory``: does a recurrent policy remember what the env hides?
 
-The env is ``tianji.envs:MaskedCartPole`` (CartPole-v1 without the velocities). Each run is
-``examples/masked_cartpole_gru.toml`` (PPO, 2 actor processes, a GRU core) or the same with
+The env is ``tianji.rl.envs:MaskedCartPole`` (CartPole-v1 without the velocities). Each run
+is ``examples/masked_cartpole_gru.toml`` (PPO, 2 actor processes, a GRU core) or the same with
 ``core = "none"`` (an MLP policy that sees only the current position and angle), with the
 actors' policies local or in an inference service, for a fixed number of env steps. The
 report gives per (policy, inference) the mean over seeds of the final mean return (the
@@ -26,7 +26,7 @@ __all__ = ["MEMORY_CONFIG", "POLICIES", "memory_config", "run_memory_bench", "su
 MEMORY_CONFIG: dict[str, Any] = {
     "algorithm": "ppo",
     "transport": "tcp",
-    "env": {"id": "tianji.envs:MaskedCartPole"},
+    "env": {"id": "tianji.rl.envs:MaskedCartPole"},
     "actors": {"count": 2, "envs_per_actor": 8, "fragment_length": 32},
     "learner": {"max_policy_lag": 2, "prefetch": 1},
     "controller": {"mode": "relaxed", "lag_target": 1},
@@ -138,8 +138,8 @@ def markdown(report: dict[str, Any]) -> str:
     m = report["machine"]
     lines += [
         "",
-        f"tianji.envs:MaskedCartPole, 2 actor processes, {report['env_steps']:,} env steps per "
-        f"run; machine: {m['cpus']} CPUs ({m['cpu']}), torch {m['torch']}; seeds "
+        f"tianji.rl.envs:MaskedCartPole, 2 actor processes, {report['env_steps']:,} env steps "
+        f"per run; machine: {m['cpus']} CPUs ({m['cpu']}), torch {m['torch']}; seeds "
         f"{report['seeds']}; command: `{report['command']}`.",
     ]
     return "\n".join(lines) + "\n"

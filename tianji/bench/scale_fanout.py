@@ -13,8 +13,9 @@ time: ``seconds_to_all`` is the median over versions of (last arrival - publish)
 ``params_bytes_sent`` the bytes the publisher put on its links per version (its
 ``published_bytes`` counter: a board write counts once).
 
-Across hosts (``hosts`` > 1, root and iproute2): the publisher's host and ``hosts - 1``
-others are network namespaces on one bridge (:mod:`tianji.bench.netns`), the subscribers
+Across hosts (``hosts`` > 1, root and iproute2; from a checkout: ``python
+benchmarks/hosts.py scale``): the publisher's host and ``hosts - 1`` others are network
+namespaces on one bridge (``benchmarks/netns.py``, a :class:`Hosts`), the subscribers
 spread evenly over the other hosts, each of which runs a params relay
 (:class:`~tianji.services.params.ParamsRelay`, as ``tianji serve relay`` starts it): the
 publisher sends each version once per host, the relay hands it on through its board.
@@ -31,13 +32,17 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from tianji.bench.spawn import start_json_child
 
-__all__ = ["PROCESSES_PER_HOST", "REPEATS", "measure_fanout"]
+if TYPE_CHECKING:
+    from tianji.runtime.service import Service
+
+__all__ = ["PROCESSES_PER_HOST", "REPEATS", "Hosts", "measure_fanout"]
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +52,30 @@ ACK = "ArraysPublished/ack"
 READY_TIMEOUT = 120.0
 
 
+class Hosts(Protocol):
+    """Hosts simulated on this machine (``benchmarks/netns.py``'s ``Bridge``: root only)."""
+
+    def create(self) -> None:
+        """Make the hosts."""
+
+    def destroy(self) -> None:
+        """Stop what runs in them and remove them."""
+
+    def prefix(self, host: int) -> list[str]:
+        """The command prefix that runs a program on ``host``."""
+
+    def ip(self, host: int) -> str:
+        """``host``'s address."""
+
+
+MakeHosts = Callable[[int], Hosts]
+"""Makes ``n`` hosts (host 0 the publisher's)."""
+
+
 async def _publisher(job: dict[str, Any]) -> dict[str, Any]:
-    from tianji.rl.events import ParamsPublished
     from tianji.rl.topics import LATEST_PARAMS
     from tianji.runtime.controller import Controller
     from tianji.runtime.events import ArraysPublished
-    from tianji.runtime.heartbeats import ServiceStat
     from tianji.runtime.service import Service
 
     bind = f"tcp://{job['host']}:0"
@@ -79,7 +102,6 @@ async def _publisher(job: dict[str, Any]) -> dict[str, Any]:
     pub_task = asyncio.create_task(pub.run())
     await pub.wait_ready()
     print(json.dumps({"controller": ctl.address}), flush=True)
-    rows = []
     try:
         direct = job["relays"] or job["subscribers"]  # with relays: one link per host
         await asyncio.wait_for(pub.wait_subscribers(LATEST_PARAMS, direct), READY_TIMEOUT)
@@ -88,29 +110,7 @@ async def _publisher(job: dict[str, Any]) -> dict[str, Any]:
         deadline = time.monotonic() + READY_TIMEOUT  # subscribers moved to their relays
         while pub.subscriber_count(LATEST_PARAMS) != direct and time.monotonic() < deadline:  # noqa: ASYNC110 - a count going down has no event
             await asyncio.sleep(0.05)
-        version = 0
-        for size in job["sizes"]:
-            weights = {"w": np.full(size, 7, np.uint8)}
-            times, sent = [], []
-            for _ in range(REPEATS):
-                version += 1
-                arrived.clear()
-                before = pub.counters[ServiceStat.PUBLISHED_BYTES]
-                started = time.time()
-                await pub.publish(
-                    ParamsPublished(policy_version=version, weights=weights), LATEST_PARAMS
-                )
-                await asyncio.wait_for(arrived.wait(), READY_TIMEOUT)
-                times.append(max(acks[version]) - started)
-                sent.append(pub.counters[ServiceStat.PUBLISHED_BYTES] - before)
-            rows.append(
-                {
-                    "bytes": size,
-                    "seconds_to_all": round(statistics.median(times), 4),
-                    "params_bytes_sent": int(statistics.median(sent)),
-                }
-            )
-        return {"rows": rows}
+        return {"rows": await _publish_sizes(pub, job["sizes"], acks, arrived)}
     finally:
         pub.stop("bench over")
         ctl.stop("bench over")
@@ -118,6 +118,39 @@ async def _publisher(job: dict[str, Any]) -> dict[str, Any]:
             await asyncio.wait_for(asyncio.gather(pub_task, ctl_task), 30)
         except Exception as exc:  # the figures are in; say why a service did not end well
             log.warning("the publisher's or controller's end: %r", exc)
+
+
+async def _publish_sizes(
+    pub: Service, sizes: list[int], acks: dict[int, list[float]], arrived: asyncio.Event
+) -> list[dict[str, Any]]:
+    """Publish each size ``REPEATS`` times, one version at a time; a row per size."""
+    from tianji.rl.events import ParamsPublished
+    from tianji.rl.topics import LATEST_PARAMS
+    from tianji.runtime.heartbeats import ServiceStat
+
+    rows = []
+    version = 0
+    for size in sizes:
+        weights = {"w": np.full(size, 7, np.uint8)}
+        times, sent = [], []
+        for _ in range(REPEATS):
+            version += 1
+            arrived.clear()
+            before = pub.counters[ServiceStat.PUBLISHED_BYTES]
+            started = time.time()
+            params = ParamsPublished(policy_version=version, weights=weights)
+            await pub.publish(params, LATEST_PARAMS)
+            await asyncio.wait_for(arrived.wait(), READY_TIMEOUT)
+            times.append(max(acks[version]) - started)
+            sent.append(pub.counters[ServiceStat.PUBLISHED_BYTES] - before)
+        rows.append(
+            {
+                "bytes": size,
+                "seconds_to_all": round(statistics.median(times), 4),
+                "params_bytes_sent": int(statistics.median(sent)),
+            }
+        )
+    return rows
 
 
 async def _subscribers(job: dict[str, Any]) -> dict[str, Any]:
@@ -202,55 +235,43 @@ def _spawn(argv: list[str], job: dict[str, Any], prefix: list[str]) -> subproces
     return start_json_child(cmd, job, prefix)
 
 
-def measure_fanout(subscribers: int, sizes: list[int], hosts: int = 1) -> list[dict[str, Any]]:
-    """Fanout rows, one per size, for ``subscribers`` on ``hosts`` hosts.
+def measure_fanout(
+    subscribers: int, sizes: list[int], hosts: int = 1, make_hosts: MakeHosts | None = None
+) -> list[dict[str, Any]]:
+    """Fanout rows, one per size, for ``subscribers`` on ``hosts`` hosts (more than one:
+    made by ``make_hosts``).
 
     Raises:
         RuntimeError: when a process fails (with its last words).
+        ValueError: for several hosts without ``make_hosts``.
     """
     from tianji import transports
-    from tianji.bench.netns import Bridge
 
-    bridge = Bridge(hosts) if hosts > 1 else None
+    if hosts > 1 and make_hosts is None:
+        raise ValueError(f"hosts={hosts}: several hosts need make_hosts (benchmarks/hosts.py)")
+    bridge = make_hosts(hosts) if make_hosts is not None and hosts > 1 else None
     procs: list[subprocess.Popen[str]] = []
     try:
         if bridge is not None:
             bridge.create()
-
-        def where(h: int) -> list[str]:
-            return bridge.prefix(h) if bridge is not None else []
-
-        def host_ip(h: int) -> str:
-            return bridge.ip(h) if bridge is not None else "127.0.0.1"
-
         shm = "shm" in transports.names()
         sub_hosts = list(range(1, hosts)) if hosts > 1 else [0]
         relays = len(sub_hosts) if hosts > 1 else 0  # one per host of subscribers
         job = {
-            "host": host_ip(0),
+            "host": bridge.ip(0) if bridge is not None else "127.0.0.1",
             "subscribers": subscribers,
             "sizes": sizes,
             "shm": shm,
             "relays": relays,
         }
-        pub = _spawn(["--publisher"], job, where(0))
+        pub = _spawn(["--publisher"], job, bridge.prefix(0) if bridge is not None else [])
         procs.append(pub)
         assert pub.stdout is not None
         line = pub.stdout.readline()
         if not line:
             raise RuntimeError(f"the publisher did not start: {_last_words(pub)}")
-        controller = json.loads(line)["controller"]
-        names = [f"actor-{i}" for i in range(subscribers)]
-        by_host = {h: names[k :: len(sub_hosts)] for k, h in enumerate(sub_hosts)}
-        for h, mine in by_host.items():
-            n = min(PROCESSES_PER_HOST, len(mine))
-            for p in range(n):
-                part = mine[p::n]
-                if part:
-                    sub = {"host": host_ip(h), "controller": controller, "names": part, "shm": shm}
-                    if relays and p == 0:
-                        sub["relay"] = f"relay-{h}"
-                    procs.append(_spawn(["--subscribers"], sub, where(h)))
+        sub_job = {"controller": json.loads(line)["controller"], "shm": shm}
+        procs += _spawn_subscribers(sub_job, subscribers, sub_hosts, relays > 0, bridge)
         out, err = pub.communicate(timeout=READY_TIMEOUT * 2 + 600)
         if pub.returncode != 0:
             last = " | ".join(err.strip().splitlines()[-5:]) or f"exit {pub.returncode}"
@@ -261,21 +282,52 @@ def measure_fanout(subscribers: int, sizes: list[int], hosts: int = 1) -> list[d
             for row in result["rows"]
         ]
     finally:
-        for proc in procs:
-            try:
-                if proc.stdin is not None and not proc.stdin.closed:
-                    proc.stdin.close()
-            except OSError as exc:  # it died: its pipe is broken
-                log.debug("pid %d: stdin: %r", proc.pid, exc)
-        for proc in procs:
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired as exc:
-                log.warning("%s: killing it", exc)
-                proc.kill()
-                proc.wait()
+        _end(procs)
         if bridge is not None:
             bridge.destroy()
+
+
+def _spawn_subscribers(
+    job: dict[str, Any],
+    subscribers: int,
+    sub_hosts: list[int],
+    relays: bool,
+    bridge: Hosts | None,
+) -> list[subprocess.Popen[str]]:
+    """The subscribers' processes, spread evenly over ``sub_hosts`` (at most
+    ``PROCESSES_PER_HOST`` each; with ``relays``, the first on each host runs its relay)."""
+    procs = []
+    names = [f"actor-{i}" for i in range(subscribers)]
+    by_host = {h: names[k :: len(sub_hosts)] for k, h in enumerate(sub_hosts)}
+    for h, mine in by_host.items():
+        host = bridge.ip(h) if bridge is not None else "127.0.0.1"
+        n = min(PROCESSES_PER_HOST, len(mine))
+        for p in range(n):
+            part = mine[p::n]
+            if part:
+                sub = {"host": host, **job, "names": part}
+                if relays and p == 0:
+                    sub["relay"] = f"relay-{h}"
+                where = bridge.prefix(h) if bridge is not None else []
+                procs.append(_spawn(["--subscribers"], sub, where))
+    return procs
+
+
+def _end(procs: list[subprocess.Popen[str]]) -> None:
+    """Close every process's stdin (the subscribers' signal to stop), then wait for them."""
+    for proc in procs:
+        try:
+            if proc.stdin is not None and not proc.stdin.closed:
+                proc.stdin.close()
+        except OSError as exc:  # it died: its pipe is broken
+            log.debug("pid %d: stdin: %r", proc.pid, exc)
+    for proc in procs:
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired as exc:
+            log.warning("%s: killing it", exc)
+            proc.kill()
+            proc.wait()
 
 
 def _last_words(proc: subprocess.Popen[str]) -> str:

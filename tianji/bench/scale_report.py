@@ -9,7 +9,9 @@ Parts (each row of the JSON report has ``part``):
 - ``actors`` (:mod:`tianji.bench.scale_actors`): N actor processes sampling CartPole
   alone: ``actors``, ``env_steps_per_s``, ``controller_cpu_share``, ``max_rss_mb_by_role``;
 - ``fanout`` (:mod:`tianji.bench.scale_fanout`): weights of ``bytes`` to ``subscribers``
-  on ``hosts``: ``seconds_to_all``, ``params_bytes_sent``.
+  on ``hosts``: ``seconds_to_all``, ``params_bytes_sent``. One host with ``tianji bench
+  scale``; 2 and 4 (network namespaces, root) too with ``python benchmarks/hosts.py scale``
+  from a checkout.
 
 Goals compare rows of the same run (see :data:`GOALS`).
 """
@@ -17,12 +19,16 @@ Goals compare rows of the same run (see :data:`GOALS`).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tianji.bench.report import GoalResult, finish_report, goals_markdown
+
+if TYPE_CHECKING:
+    from tianji.bench.scale_fanout import MakeHosts
 
 __all__ = ["Plan", "add_parser", "goals", "markdown", "plan", "run_bench"]
 
@@ -33,21 +39,23 @@ Row = dict[str, Any]
 class Plan:
     """What one run measures."""
 
-    def __init__(self, quick: bool) -> None:
+    def __init__(self, quick: bool, make_hosts: MakeHosts | None = None) -> None:
         self.quick = quick
+        self.make_hosts = make_hosts
         self.services = (100, 1000) if quick else (100, 1000, 10_000)
         self.control_seconds, self.control_warmup = (5.0, 2.0) if quick else (20.0, 5.0)
         self.actors = (1, 2) if quick else (1, 2, 4, 8, 16, 32)
         self.actors_seconds, self.actors_warmup = (8.0, 4.0) if quick else (30.0, 10.0)
         self.sizes = [1 * MB, 10 * MB] if quick else [1 * MB, 10 * MB, 100 * MB]
         self.subscribers = (1, 8) if quick else (1, 8, 32, 64)
-        self.hosts = () if quick else (2, 4)
+        self.hosts = () if quick or make_hosts is None else (2, 4)
         self.host_subscribers = (8, 32)
 
 
-def plan(quick: bool) -> Plan:
-    """The plan of a full run or of ``--quick`` (CI: small counts, short windows, one host)."""
-    return Plan(quick)
+def plan(quick: bool, make_hosts: MakeHosts | None = None) -> Plan:
+    """The plan of a full run or of ``--quick`` (CI: small counts, short windows, one host);
+    a full run's fanout is on 2 and 4 hosts too when ``make_hosts`` makes them."""
+    return Plan(quick, make_hosts)
 
 
 def run_bench(p: Plan, parts: list[str]) -> list[Row]:
@@ -87,7 +95,8 @@ def run_bench(p: Plan, parts: list[str]) -> list[Row]:
             cell(f"fanout {n} subscribers, 1 host", measure_fanout, n, p.sizes, 1)
         for h in p.hosts:
             for n in p.host_subscribers:
-                cell(f"fanout {n} subscribers, {h} hosts", measure_fanout, n, p.sizes, h)
+                label = f"fanout {n} subscribers, {h} hosts"
+                cell(label, measure_fanout, n, p.sizes, h, p.make_hosts)
     return rows
 
 
@@ -240,7 +249,7 @@ def _ms(r: Row, what: str) -> str:
 PARTS = ("control", "actors", "fanout")
 
 
-def _cmd(args: argparse.Namespace) -> int:
+def _cmd(args: argparse.Namespace, make_hosts: MakeHosts | None = None) -> int:
     from tianji.bench.train import machine
     from tianji.runtime.errors import ConfigError
 
@@ -248,7 +257,7 @@ def _cmd(args: argparse.Namespace) -> int:
     for part in parts:
         if part not in PARTS:
             raise ConfigError("--parts", part, f"one of {', '.join(PARTS)}")
-    p = plan(args.quick)
+    p = plan(args.quick, make_hosts)
     rows = run_bench(p, parts)
     report = {"quick": args.quick, "machine": machine(), "rows": rows}
     report["goals"] = goals(rows)
@@ -256,8 +265,9 @@ def _cmd(args: argparse.Namespace) -> int:
     return finish_report(report, table, "scale", args.out, args.json)
 
 
-def add_parser(bench: Any) -> None:
-    """Add ``tianji bench scale`` to the ``bench`` subparsers."""
+def add_parser(bench: Any, make_hosts: MakeHosts | None = None) -> None:
+    """Add ``tianji bench scale`` to the ``bench`` subparsers (with ``make_hosts``, a full
+    run's fanout is measured on several hosts too: ``benchmarks/hosts.py``)."""
     b = bench.add_parser(
         "scale",
         help="the control plane (simulated services), actor processes on one host and the "
@@ -272,4 +282,4 @@ def add_parser(bench: Any) -> None:
     )
     b.add_argument("--out", metavar="DIR", help="write scale.json and scale.md here")
     b.add_argument("--json", action="store_true", help="print the JSON report, not the tables")
-    b.set_defaults(func=_cmd)
+    b.set_defaults(func=functools.partial(_cmd, make_hosts=make_hosts))

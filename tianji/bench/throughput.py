@@ -14,8 +14,9 @@ PPO with 2 env processes x 4 envs everywhere. Each row says which work it does
   envs with the example network's forward pass on one torch thread
   (:mod:`tianji.bench.bare`): no learning, no runtime, no messages;
 * ``peer-defaults``: Sample Factory 2.1.1 APPO with its own example's settings (2
-  workers x 4 envs), run by ``--peer-python`` (its own environment:
-  :mod:`tianji.bench.sf_runner` says how to make it);
+  workers x 4 envs), run from a checkout by ``python benchmarks/peers.py throughput
+  --peer-python PATH`` (its own environment: ``benchmarks/sf_runner.py`` says how to make
+  it); ``tianji bench throughput`` runs no peer;
 * ``equal``: a tianji cell and a Sample Factory run doing the same work
   (:mod:`tianji.bench.throughput_work`: the same network, batches, epochs, minibatches,
   rollout, normalizations, one learner thread, 2 env processes + 1 inference process + 1
@@ -42,14 +43,24 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from tianji.bench.spawn import run_json_child
-from tianji.bench.throughput_work import EQUAL, sf_flags, tianji_overrides
+from tianji.bench.throughput_work import EQUAL, tianji_overrides
 from tianji.bench.train import CONFIGS, machine
 
-__all__ = ["ENVS", "WORKS", "Cell", "Steady", "plan_cells", "run_config", "steady_rate"]
+__all__ = [
+    "ENVS",
+    "WORKS",
+    "Cell",
+    "PeerCommand",
+    "Steady",
+    "plan_cells",
+    "run_config",
+    "steady_rate",
+]
 
 ENVS: dict[str, dict[str, Any]] = {
     "cartpole": {"id": "CartPole-v1"},
@@ -314,15 +325,20 @@ def _run_process(cmd: list[str], stdin: str | None, timeout: float) -> dict[str,
     return run.result if run.result is not None else {"error": run.error}
 
 
+PeerCommand = Callable[["Cell", float, float, str], list[str]]
+"""The command line of the peer's process for a Sample Factory cell, from (cell, seconds,
+warmup, train directory); ``benchmarks/peers.py`` gives it (the runner is not in tianji)."""
+
+
 def measure(
     cell: Cell,
     seconds: float,
     warmup: float,
-    peer_python: str | None,
+    peer: PeerCommand | None,
     overrides: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Run one cell in a fresh process; its report row (``overrides``: see
-    :func:`run_config`)."""
+    :func:`run_config`; ``peer`` runs the Sample Factory cells)."""
     budget = seconds + warmup
     if cell.system == "tianji":
         job = {"config": run_config(cell, budget + 15.0, overrides), "warmup": warmup}
@@ -334,15 +350,9 @@ def measure(
         cmd += ["--seconds", str(seconds), "--warmup", str(min(warmup, 5.0))]
         out = _run_process(cmd, None, budget + 120)
     else:
-        assert peer_python is not None
-        runner = Path(__file__).with_name("sf_runner.py")
+        assert peer is not None
         with tempfile.TemporaryDirectory() as tmp:
-            cmd = [peer_python, str(runner), "--env", cell.env, "--workers", str(WORKERS)]
-            cmd += ["--envs-per-worker", str(ENVS_PER_WORKER), "--seconds", str(seconds)]
-            cmd += ["--warmup", str(warmup), "--train-dir", tmp]
-            if cell.work == "equal":
-                cmd.append("--sf-args=" + " ".join(sf_flags(EQUAL[cell.env])))
-            out = _run_process(cmd, None, budget + 300)
+            out = _run_process(peer(cell, seconds, warmup, tmp), None, budget + 300)
         if "consumed_per_s" in out:  # its learner's count; the rollout side's is too coarse
             out["env_steps_per_s"] = None
             out["peer_env_steps"] = out.pop("env_steps")
@@ -376,21 +386,21 @@ def run_bench(
     envs: list[str],
     seconds: float,
     warmup: float,
-    peer_python: str | None,
+    peer: PeerCommand | None,
     quick: bool,
     works: list[str] | None = None,
     brief: bool = False,
 ) -> dict[str, Any]:
     """Measure every cell (only those of ``works``, default all; progress on stderr); the
     report as JSON data (its goals are added by
-    :func:`tianji.bench.throughput_report.goals`)."""
-    cells = plan_cells(envs, peer=peer_python is not None, quick=quick, brief=brief)
+    :func:`tianji.bench.throughput_report.goals`; ``peer``: see :func:`measure`)."""
+    cells = plan_cells(envs, peer=peer is not None, quick=quick, brief=brief)
     cells = [c for c in cells if works is None or c.work in works]
     rows = []
     for i, cell in enumerate(cells, 1):
         started = time.monotonic()
         print(f"[{i}/{len(cells)}] {cell.env}: {cell.label} ...", file=sys.stderr, flush=True)
-        row = measure(cell, seconds, warmup, peer_python)
+        row = measure(cell, seconds, warmup, peer)
         took = time.monotonic() - started
         shown = (
             f"error: {row['error']}"

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import functools
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tianji.bench.report import GoalResult, finish_report, goals_markdown
+
+if TYPE_CHECKING:
+    from tianji.bench.throughput import PeerCommand
 
 __all__ = ["add_parser", "goals", "markdown"]
 
@@ -134,7 +138,7 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _cmd(args: argparse.Namespace) -> int:
+def _cmd(args: argparse.Namespace, peer: Callable[[str], PeerCommand] | None = None) -> int:
     from tianji.bench.throughput import ENVS, WORKS, run_bench
     from tianji.runtime.errors import ConfigError
 
@@ -143,29 +147,32 @@ def _cmd(args: argparse.Namespace) -> int:
     for name in names:
         if name not in ENVS:
             raise ConfigError("--envs", name, f"one of {', '.join(ENVS)}")
-    if args.peer_python is not None and not Path(args.peer_python).exists():
-        raise ConfigError("--peer-python", args.peer_python, "an existing Python interpreter")
+    peer_python = getattr(args, "peer_python", None)  # only with a peer (benchmarks/peers.py)
+    if peer_python is not None and not Path(peer_python).exists():
+        raise ConfigError("--peer-python", peer_python, "an existing Python interpreter")
     works = [w.strip() for w in args.work.split(",") if w.strip()] if args.work else list(WORKS)
     for work in works:
         if work not in WORKS:
             raise ConfigError("--work", work, f"one of {', '.join(WORKS)}")
     seconds = args.seconds if args.seconds is not None else (10.0 if args.quick else 60.0)
     warmup = args.warmup if args.warmup is not None else (5.0 if args.quick else 20.0)
-    peer = None if args.quick else args.peer_python
-    report = run_bench(names, seconds, warmup, peer, args.quick, works, args.brief)
+    command = None if args.quick or peer is None or peer_python is None else peer(peer_python)
+    report = run_bench(names, seconds, warmup, command, args.quick, works, args.brief)
     report["goals"] = goals(report["rows"])
     table = markdown(report)
     return finish_report(report, table, "throughput", args.out, args.json)
 
 
-def add_parser(bench: Any) -> None:
-    """Add ``tianji bench throughput`` to the ``bench`` subparsers."""
+def add_parser(bench: Any, peer: Callable[[str], PeerCommand] | None = None) -> None:
+    """Add ``tianji bench throughput`` to the ``bench`` subparsers; with ``peer`` (the
+    command of Sample Factory's runner for an interpreter: ``benchmarks/peers.py``), also
+    ``--peer-python``."""
     from tianji.bench import throughput
 
     b = bench.add_parser(
         "throughput",
         help="steady-state env steps/s and frames/s with learning on: tianji's inference "
-        "modes, the bare ceiling and Sample Factory (its example's settings and equal work)",
+        "modes and the bare ceiling",
         description=(throughput.__doc__ or "").split("\n\n")[1],
     )
     b.add_argument("--envs", help="comma-separated: cartpole, pong (default both)")
@@ -178,12 +185,13 @@ def add_parser(bench: Any) -> None:
         help="comma-separated: only the rows of this work (tianji-defaults, peer-defaults, "
         "equal; default all)",
     )
-    b.add_argument(
-        "--peer-python",
-        metavar="PATH",
-        help="the interpreter of a Sample Factory 2.1.1 environment (see "
-        "tianji/bench/sf_runner.py); without it Sample Factory is not run",
-    )
+    if peer is not None:
+        b.add_argument(
+            "--peer-python",
+            metavar="PATH",
+            help="the interpreter of a Sample Factory 2.1.1 environment (see "
+            "benchmarks/sf_runner.py); without it Sample Factory is not run",
+        )
     b.add_argument(
         "--quick",
         action="store_true",
@@ -193,8 +201,9 @@ def add_parser(bench: Any) -> None:
         "--brief",
         action="store_true",
         help="per env only tianji's local cell, the bare ceiling, the equal-work pair and "
-        "Sample Factory's own settings (the rows the README quotes)",
+        "Sample Factory's own settings (the rows the README quotes; Sample Factory only "
+        "with --peer-python)",
     )
     b.add_argument("--out", metavar="DIR", help="write throughput.json and throughput.md here")
     b.add_argument("--json", action="store_true", help="print the JSON report, not the table")
-    b.set_defaults(func=_cmd)
+    b.set_defaults(func=functools.partial(_cmd, peer=peer))

@@ -127,9 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``tianji`` console script."""
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> int:
+    """Entry point of the ``tianji`` console script: run the command ``argv`` names (a
+    tianji error is exit code 2 with its message, Ctrl-C 130). ``parser`` (default
+    :func:`build_parser`'s) is for the scripts in ``benchmarks/`` that extend ``tianji
+    bench``: theirs has ``--log-level`` and commands that set ``func``."""
+    args = (parser or build_parser()).parse_args(argv)
     os.environ.setdefault("TIANJI_LOG_LEVEL", args.log_level)  # worker processes inherit it
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from tianji.cli.train import add_run_options, config_from_args
-from tianji.rl.config import RESTART_PERIOD_S
+from tianji.rl.config_ops import RESTART_PERIOD_S
 from tianji.run.deploy import (
     apply_security_options,
     config_digest,

@@ -1,7 +1,7 @@
 """Run a graph of services as Ray actors (``tianji train CONFIG --backend ray``).
 
 Each :class:`ServiceSpec` becomes one Ray actor (:class:`ServiceActor`) reserving the CPUs
-and GPUs of its role (:class:`~tianji.rl.config.RayConfig`); Ray only places and starts the
+and GPUs of its role (:class:`~tianji.rl.config_ops.RayConfig`); Ray only places and starts the
 services. The controller and the ``local_services`` (the training monitor) stay in this
 process, and every byte of data still moves over tianji's own TCP links, never through
 Ray's object store. The spec travels to the actor as a JSON dict.
@@ -19,7 +19,7 @@ Placement and addresses:
 
 A dead actor (``ray.kill``, a crashed or killed worker process, a lost node) is a dead
 service, exactly as a dead child process is locally: within the run's restart limit
-(:class:`~tianji.launch.base.RestartPolicy`, ``[recovery]``: N restarts within any T
+(:class:`~tianji.launch.restarts.RestartPolicy`, ``[recovery]``: N restarts within any T
 seconds) tianji starts a new actor for
 it, named ``tianji-<run>-<service>-r<k>`` for its k-th restart, with the same accounting
 (``restarts``, ``dropped/lost_in_restart``) and the same preparation (a learner resumes from
@@ -49,7 +49,7 @@ from typing import Any
 
 from tianji.launch.base import Handle, Launcher, LaunchPlan
 from tianji.launch.spec import ServiceSpec, build_service
-from tianji.rl.config import RayConfig
+from tianji.rl.config_ops import RayConfig
 from tianji.runtime.errors import ConfigError, ServiceFailed
 from tianji.runtime.loop import run
 from tianji.runtime.service import Service

@@ -3,8 +3,8 @@
 The supervisor runs the service in a child process (``python -m tianji.launch.worker``,
 the spec as JSON on stdin, as the local launcher starts its services) and starts it again
 when it dies — killed, crashed or failed — up to ``restarts`` times within any ``period``
-seconds (:class:`~tianji.launch.base.RestartWindow`, as the launcher counts them), after
-:func:`~tianji.launch.base.restart_delay` (``backoff`` seconds, doubled over deaths in a
+seconds (:class:`~tianji.launch.restarts.RestartWindow`, as the launcher counts them), after
+:func:`~tianji.launch.restarts.restart_delay` (``backoff`` seconds, doubled over deaths in a
 row that came less than ``stable_after`` seconds after a start, at most ``backoff_max``).
 
 The new incarnation registers under the same name from another pid; the controller sees a
@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-from tianji.launch.base import RestartPolicy, RestartWindow, restart_delay
+from tianji.launch.restarts import RestartPolicy, RestartWindow, restart_delay
 from tianji.launch.spec import ServiceSpec
 from tianji.runtime.loop import wait_set
 
@@ -101,54 +101,87 @@ async def supervise(
         0 after a clean stop, 2 when the controller refused the service, 1 when it died
         with ``restarts`` restarts within the last ``period`` seconds already.
     """
-    policy = RestartPolicy(limit=lambda s: restarts, period=period, backoff=backoff)
-    window = RestartWindow(period)
-    stopping = asyncio.Event()
+    supervisor = _Supervisor(spec, digest, restarts, period, out, backoff)
     loop = asyncio.get_running_loop()
-    child: asyncio.subprocess.Process | None = None
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, supervisor.stop, sig)
+    try:
+        return await supervisor.run(prepare)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
 
-    def stop(sig: signal.Signals) -> None:
-        stopping.set()
+
+class _Supervisor:
+    """One supervised service: its child process, its restarts and the stop request."""
+
+    def __init__(
+        self,
+        spec: ServiceSpec,
+        digest: str,
+        restarts: int,
+        period: float,
+        out: TextIO,
+        backoff: float,
+    ) -> None:
+        self.spec, self.digest, self.restarts, self.period, self.out = (
+            spec, digest, restarts, period, out,
+        )  # fmt: skip
+        self.policy = RestartPolicy(limit=lambda s: restarts, period=period, backoff=backoff)
+        self.window = RestartWindow(period)
+        self.stopping = asyncio.Event()
+        self.child: asyncio.subprocess.Process | None = None
+        self.done = self.quick = 0
+
+    def stop(self, sig: signal.Signals) -> None:
+        """A signal's handler: stop the child (SIGTERM) and do not restart it."""
+        self.stopping.set()
+        child = self.child
         if child is not None and child.returncode is None:
             try:
                 child.send_signal(signal.SIGTERM)
             except ProcessLookupError as exc:  # it has just exited: its code says how
-                log.debug("%s: SIGTERM: %r", spec.name, exc)
+                log.debug("%s: SIGTERM: %r", self.spec.name, exc)
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop, sig)
-    try:
-        done, quick = 0, 0
-        current = spec
+    async def run(self, prepare: Prepare | None) -> int:
+        """Start the child, and again after each death the policy admits; the exit code
+        of :func:`supervise`."""
+        spec, current = self.spec, self.spec
         while True:
-            child = await _start(current, digest)
+            self.child = await _start(current, self.digest)
             born = time.monotonic()
-            print(f"tianji serve: {spec.name} running (pid {child.pid})", file=out, flush=True)
-            code = await child.wait()
+            running = f"tianji serve: {spec.name} running (pid {self.child.pid})"
+            print(running, file=self.out, flush=True)
+            code = await self.child.wait()
             if code in (0, 2):  # stopped cleanly, or refused by the controller
                 return code
-            if stopping.is_set():  # told to stop, and it did not stop cleanly
+            if self.stopping.is_set():  # told to stop, and it did not stop cleanly
                 return 1
-            why = f"exited with code {code}"
-            if not window.admit(time.monotonic(), restarts):
-                print(
-                    f"tianji serve: {spec.name} {why}; {window.refusal(restarts)} "
-                    f"(--restart {restarts} --restart-period {period:g})",
-                    file=sys.stderr,
-                    flush=True,
-                )
+            delay = self._delay(f"exited with code {code}", time.monotonic() - born)
+            if delay is None:
                 return 1
-            delay, quick = restart_delay(policy, time.monotonic() - born, quick)
-            done += 1
+            if await wait_set(self.stopping, delay):
+                return 0
+            current = prepare(spec, self.done) if prepare is not None else dataclasses.replace(spec)
+
+    def _delay(self, why: str, lived: float) -> float | None:
+        """Seconds before the restart after a death (said on the output), or ``None`` when
+        the restart limit within the period is reached (said on stderr)."""
+        name, restarts, period = self.spec.name, self.restarts, self.period
+        if not self.window.admit(time.monotonic(), restarts):
             print(
-                f"tianji serve: {spec.name} {why}; restart {done} ({len(window.times)} of at "
-                f"most {restarts} within {period:g} s) in {delay:.1f} s",
-                file=out,
+                f"tianji serve: {name} {why}; {self.window.refusal(restarts)} "
+                f"(--restart {restarts} --restart-period {period:g})",
+                file=sys.stderr,
                 flush=True,
             )
-            if await wait_set(stopping, delay):
-                return 0
-            current = prepare(spec, done) if prepare is not None else dataclasses.replace(spec)
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
+            return None
+        delay, self.quick = restart_delay(self.policy, lived, self.quick)
+        self.done += 1
+        print(
+            f"tianji serve: {name} {why}; restart {self.done} ({len(self.window.times)} of at "
+            f"most {restarts} within {period:g} s) in {delay:.1f} s",
+            file=self.out,
+            flush=True,
+        )
+        return delay

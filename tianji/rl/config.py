@@ -19,6 +19,8 @@ A run config file looks like ``examples/cartpole_ppo.toml``::
     learning_rate = 2.5e-4
 
 Unknown keys are errors naming the key and the allowed ones; values are type-checked.
+The ``[checkpoint]``, ``[recovery]`` and ``[ray]`` sections are in
+:mod:`tianji.rl.config_ops`.
 """
 
 from __future__ import annotations
@@ -30,9 +32,10 @@ import enum
 import os
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
+from tianji.rl.config_ops import CheckpointConfig, RayConfig, RecoveryConfig, positive
 from tianji.runtime.errors import ConfigError
 
 __all__ = [
@@ -42,7 +45,6 @@ __all__ = [
     "InferenceConfig",
     "LearnerConfig",
     "Mode",
-    "RayConfig",
     "RunConfig",
     "StopConfig",
     "build_dataclass",
@@ -106,7 +108,7 @@ class ActorConfig:
     multiple of it."""
 
     def __post_init__(self) -> None:
-        _positive("actors", self, ("count", "envs_per_actor", "fragment_length", "splits"))
+        positive("actors", self, ("count", "envs_per_actor", "fragment_length", "splits"))
         if self.envs_per_actor % self.splits:
             why = f"a divisor of actors.envs_per_actor={self.envs_per_actor}"
             raise ConfigError("actors.splits", self.splits, why)
@@ -137,7 +139,7 @@ class InferenceConfig:
     """Torch intra-op threads of each inference service."""
 
     def __post_init__(self) -> None:
-        _positive("inference", self, ("count", "torch_threads"))
+        positive("inference", self, ("count", "torch_threads"))
         for key in ("max_wait_ms", "offload_above_ms"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"inference.{key}", getattr(self, key), "a number >= 0")
@@ -173,7 +175,7 @@ class LearnerConfig:
     fails naming the peer that did not answer."""
 
     def __post_init__(self) -> None:
-        _positive("learner", self, ("torch_threads", "prefetch", "count"))
+        positive("learner", self, ("torch_threads", "prefetch", "count"))
         if self.publish_interval is not None and self.publish_interval < 1:
             raise ConfigError("learner.publish_interval", self.publish_interval, "an int >= 1")
         if self.max_policy_lag < 0:
@@ -193,7 +195,7 @@ class BufferConfig:
     ``learning_starts`` samples."""
 
     def __post_init__(self) -> None:
-        _positive("buffer", self, ("shards",))
+        positive("buffer", self, ("shards",))
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -340,147 +342,8 @@ class ControllerConfig:
             raise ConfigError("controller.report_interval", self.report_interval, "0 .. 1 s")
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class CheckpointConfig:
-    """``[checkpoint]``: learner checkpoints into the run directory (``tianji.rl.checkpoint``).
-
-    Learner-0 takes one when either trigger fires (0 turns a trigger off); none are taken
-    without a run directory (``run_dir = ""``)."""
-
-    every_updates: int = 0
-    """Every this many learner updates."""
-    every_seconds: float = 60.0
-    """At most this many seconds apart (counted from the learner's start)."""
-    keep: int = 3
-    """Newest checkpoints kept; older ones are deleted once a new one is written."""
-    replay: bool = False
-    """Also snapshot every replay buffer shard (same triggers, the newest one kept as
-    ``replay-buffer-<s>.tjc``), so a resumed off-policy run keeps its data; the snapshot
-    holds every stored transition (size: capacity x transition bytes)."""
-
-    def __post_init__(self) -> None:
-        if self.every_updates < 0:
-            raise ConfigError("checkpoint.every_updates", self.every_updates, "an int >= 0")
-        if not 0 <= self.every_seconds < float("inf"):
-            raise ConfigError("checkpoint.every_seconds", self.every_seconds, "seconds >= 0")
-        _positive("checkpoint", self, ("keep",))
-
-    @property
-    def enabled(self) -> bool:
-        return self.every_updates > 0 or self.every_seconds > 0
-
-
-RESTARTABLE_ROLES = ("actor", "inference", "buffer", "eval", "params")
-LEARNER_ON_DEATH = ("stop", "resume")
-BUFFER_ON_RESTART = ("empty", "snapshot")
-RESTARTS = 5
-"""Restarts a service may have within ``[recovery] period_s`` unless its role says otherwise."""
-RESTART_PERIOD_S = 50.0
-"""``[recovery] period_s``'s default. With the restart backoff (1, 2, 4, ... <= 30 s, doubled
-over deaths less than 30 s after a start), 5 restarts within 50 s survive a kill -9 of a
-random running service every 10 s (or every 7 s) for as long as the run lasts: the backoff
-keeps any one service below 6 deaths in 50 s, whatever the kills' order. A service that dies
-right after every start is stopped at its 6th death, 31 s of backoff after its first (41 s
-when each start takes 2 s); docs/architecture.md, "Faults"; benchmarks/restart_intensity.py."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class RecoveryConfig:
-    """``[recovery]``: what the launcher does when a service dies (its process exits, or it
-    misses ``missed_heartbeats`` heartbeats in a row and is killed)."""
-
-    restarts: dict[str, int] = dataclasses.field(
-        default_factory=lambda: dict.fromkeys(RESTARTABLE_ROLES, RESTARTS)
-    )
-    """Restarts each service of a role may have within ``period_s``, e.g. ``{actor = 5,
-    buffer = 1}``; roles left out keep 5; 0 turns restarts of the role off (its death ends
-    the run). The learner's count applies with ``learner = "resume"`` only. A death that
-    would be a service's next restart beyond this count within the period ends the run,
-    naming the service, the count and the period."""
-    period_s: float = RESTART_PERIOD_S
-    """Seconds over which a service's restarts are counted (a sliding window, as an OTP
-    supervisor's restart intensity); ``inf``: over the whole run."""
-    backoff: float = 1.0
-    """Seconds before a service's first restart; doubled for each further one that follows a
-    death less than 30 s after a start (max 30 s): a crash loop backs off, a service that
-    lived longer comes back after ``backoff`` again."""
-    missed_heartbeats: int = 5
-    """A registered service silent for this many heartbeat intervals (1 s) is declared dead
-    and killed (then restarted like one that exited)."""
-    learner: str = "stop"
-    """A dead learner: ``stop`` ends the run (non-zero exit, naming it); ``resume`` restarts
-    it from the newest checkpoint (needs a run directory). With ``[learner] count`` K > 1
-    the K learners restart together: the death of one kills the others, and all K resume
-    from the same checkpoint (their weights must stay identical)."""
-    buffer: str = "empty"
-    """A restarted replay buffer starts ``empty`` or from its ``snapshot`` (needs
-    ``[checkpoint] replay``); what it held is counted as ``dropped/lost_in_restart``."""
-
-    def __post_init__(self) -> None:
-        for role, count in self.restarts.items():
-            if role not in (*RESTARTABLE_ROLES, "learner"):
-                roles = [*RESTARTABLE_ROLES, "learner"]
-                raise ConfigError(f"recovery.restarts.{role}", count, f"a role of {roles}")
-            if type(count) is not int or count < 0:
-                raise ConfigError(f"recovery.restarts.{role}", count, "an int >= 0")
-        if not self.period_s > 0:  # also refuses NaN
-            raise ConfigError("recovery.period_s", self.period_s, "seconds > 0 (inf: the run)")
-        if not 0 <= self.backoff <= 60:
-            raise ConfigError("recovery.backoff", self.backoff, "0 .. 60 s")
-        _positive("recovery", self, ("missed_heartbeats",))
-        if self.learner not in LEARNER_ON_DEATH:
-            raise ConfigError("recovery.learner", self.learner, " | ".join(LEARNER_ON_DEATH))
-        if self.buffer not in BUFFER_ON_RESTART:
-            raise ConfigError("recovery.buffer", self.buffer, " | ".join(BUFFER_ON_RESTART))
-
-    def limit(self, role: str) -> int:
-        """Restarts a service of ``role`` may have within ``period_s`` (the learner's
-        applies only with ``learner = "resume"``; otherwise its death ends the run)."""
-        if role == "learner":
-            return self.restarts.get(role, RESTARTS) if self.learner == "resume" else 0
-        return self.restarts.get(role, RESTARTS) if role in RESTARTABLE_ROLES else 0
-
-
 RUN_DIR_ENV = "TIANJI_RUN_DIR"
 """The environment variable that sets the default ``run_dir``."""
-
-RAY_ROLES = ("actor", "buffer", "learner", "params", "inference", "eval")
-RAY_DEFAULT_CPUS = {
-    "actor": 0.5, "learner": 0.5, "buffer": 0.2, "params": 0.1, "inference": 0.2, "eval": 0.1,
-}  # fmt: skip
-"""CPUs per service of each role on Ray: two actors, learner, buffer and params take 1.8,
-so a run of the examples fits a 2-CPU machine (Ray counts reservations, not use)."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class RayConfig:
-    """Placement on Ray (``tianji train --backend ray``): where, and what each role reserves."""
-
-    address: str | None = None
-    """Ray cluster to join (``HOST:6379``, ``auto``); none: start a local Ray instance for the
-    run (or join ``RAY_ADDRESS`` when set). ``--ray-address`` sets it."""
-    num_cpus: dict[str, float] = dataclasses.field(default_factory=dict)
-    """CPUs each service of a role reserves, e.g. ``{learner = 1}``; roles not given keep
-    :data:`RAY_DEFAULT_CPUS`."""
-    num_gpus: dict[str, float] = dataclasses.field(default_factory=dict)
-    """GPUs each service of a role reserves (default 0), e.g. ``{learner = 1}`` to place
-    the learner on a GPU node; its ``learner.device = "auto"`` then picks CUDA."""
-
-    def __post_init__(self) -> None:
-        if self.address is not None and not self.address.strip():
-            raise ConfigError("ray.address", self.address, "HOST:PORT, 'auto' or no value")
-        for key in ("num_cpus", "num_gpus"):
-            for role, value in getattr(self, key).items():
-                if role not in RAY_ROLES:
-                    raise ConfigError(f"ray.{key}.{role}", value, f"a role of {list(RAY_ROLES)}")
-                if type(value) not in (int, float) or not 0 <= value < float("inf"):
-                    raise ConfigError(f"ray.{key}.{role}", value, "a number >= 0")
-
-    def resources(self, role: str) -> tuple[float, float]:
-        """(CPUs, GPUs) a service of ``role`` reserves; unknown roles (e.g. a demo's
-        ``producer``) reserve the actors' CPUs and no GPU."""
-        cpus = self.num_cpus.get(role, RAY_DEFAULT_CPUS.get(role, RAY_DEFAULT_CPUS["actor"]))
-        return float(cpus), float(self.num_gpus.get(role, 0.0))
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -539,13 +402,6 @@ class RunConfig:
         if recovery.learner == "resume" and not self.checkpoint.enabled:
             why = "'stop' when checkpoints are off (nothing to resume from)"
             raise ConfigError("recovery.learner", recovery.learner, why)
-
-
-def _positive(section: str, obj: object, names: Sequence[str]) -> None:
-    for name in names:
-        value = getattr(obj, name)
-        if value < 1:
-            raise ConfigError(f"{section}.{name}", value, "an integer >= 1")
 
 
 def build_dataclass(cls: type[Any], data: Mapping[str, Any], prefix: str) -> Any:

@@ -29,9 +29,10 @@ class MaskedCartPole(gym.ObservationWrapper[np.ndarray, int, np.ndarray]):
     """CartPole-v1 with the velocities hidden: the observation is ``[cart position, pole
     angle]`` only, so a policy must remember earlier observations to balance the pole.
 
-    The env id ``tianji.envs:MaskedCartPole`` makes it (``--env tianji.envs:MaskedCartPole``);
-    keyword arguments go to ``gymnasium.make("CartPole-v1", ...)``. Episodes end as
-    CartPole-v1's do (500 steps at most).
+    The env id ``tianji.rl.envs:MaskedCartPole`` makes it
+    (``--env tianji.rl.envs:MaskedCartPole``); keyword arguments go to
+    ``gymnasium.make("CartPole-v1", ...)``. Episodes end as CartPole-v1's do (500 steps at
+    most).
     """
 
     KEPT = (0, 2)

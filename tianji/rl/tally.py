@@ -139,7 +139,6 @@ class Tally:
             params_version=params,
         )
 
-
     def in_transit(self, actors: Iterable[str]) -> int:
         """Samples the live ``actors`` sent that no buffer has received yet: per stream,
         what the actor reports sent beyond the furthest offset a buffer reports (a stream

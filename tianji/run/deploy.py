@@ -52,7 +52,8 @@ from tianji.dashboard import launch_plan
 from tianji.launch.hosts import HostLauncher
 from tianji.launch.spec import ServiceSpec, build_service
 from tianji.launch.supervisor import supervise
-from tianji.rl.config import RecoveryConfig, RunConfig, to_dict
+from tianji.rl.config import RunConfig, to_dict
+from tianji.rl.config_ops import RecoveryConfig
 from tianji.run.plan import RunPlan
 from tianji.run.recovery import restart_policy
 from tianji.runtime.controller import REFUSED, RELAY_ROLE

@@ -346,10 +346,7 @@ def evaluate(
         raise ConfigError("--episodes", episodes, "an integer >= 1")
     out = sys.stderr if out is None else out
     run, config = open_run(run_dir)
-    ckpt = resolve_checkpoint(run, checkpoint)
-    check_compatible(ckpt, config)
-    if video is not None:
-        check_video_path(video)
+    ckpt = _checked(run, config, checkpoint, video)
     seed = config.seed if seed is None else seed
     algo = load_policy(config, ckpt, device=device)
     env = make_eval_env(config, video=video, seed=seed)
@@ -371,6 +368,18 @@ def evaluate(
         "std_return": float(np.std(returns)),
         "video": None if video is None else str(video),
     }
+
+
+def _checked(
+    run: RunDirectory, config: RunConfig, checkpoint: str | Path | None, video: str | Path | None
+) -> Checkpoint:
+    """The checkpoint to evaluate (see :func:`resolve_checkpoint`), checked against the
+    run's config, after checking that ``video`` can be written (before any work)."""
+    ckpt = resolve_checkpoint(run, checkpoint)
+    check_compatible(ckpt, config)
+    if video is not None:
+        check_video_path(video)
+    return ckpt
 
 
 def _play(

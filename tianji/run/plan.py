@@ -88,57 +88,24 @@ def build_specs(config: RunConfig, buffer_spec: dict[str, Any]) -> list[ServiceS
             bind=bind,
         )
     ]
+
+    def add(name: str, role: str, factory: str, index: int, **more: Any) -> None:
+        options = {"config": data, **more, "index": index}
+        specs.append(ServiceSpec(name=name, role=role, factory=factory, options=options, bind=bind))
+
     for s in range(config.buffer.shards):
-        specs.append(
-            ServiceSpec(
-                name=buffer_name(s),
-                role="buffer",
-                factory="tianji.services.buffer:BufferService",
-                options={"config": data, "buffer_spec": buffer_spec, "index": s},
-                bind=bind,
-            )
-        )
+        buffer = "tianji.services.buffer:BufferService"
+        add(buffer_name(s), "buffer", buffer, s, buffer_spec=buffer_spec)
     for j in range(config.learner.count):
-        specs.append(
-            ServiceSpec(
-                name=learner_name(j),
-                role="learner",
-                factory="tianji.services.learner:LearnerService",
-                options={"config": data, "index": j},
-                bind=bind,
-            )
-        )
+        add(learner_name(j), "learner", "tianji.services.learner:LearnerService", j)
     if config.actors.inference == "service":
         for k in range(config.inference.count):
-            specs.append(
-                ServiceSpec(
-                    name=inference_name(k),
-                    role="inference",
-                    factory="tianji.services.inference:InferenceService",
-                    options={"config": data, "index": k},
-                    bind=bind,
-                )
-            )
+            inference = "tianji.services.inference:InferenceService"
+            add(inference_name(k), "inference", inference, k)
     for i in range(config.actors.count):
-        specs.append(
-            ServiceSpec(
-                name=f"actor-{i}",
-                role="actor",
-                factory="tianji.services.actor:ActorService",
-                options={"config": data, "index": i},
-                bind=bind,
-            )
-        )
+        add(f"actor-{i}", "actor", "tianji.services.actor:ActorService", i)
     for k in range(config.eval.workers):
-        specs.append(
-            ServiceSpec(
-                name=f"eval-{k}",
-                role="eval",
-                factory="tianji.services.evaluator:EvalService",
-                options={"config": data, "index": k},
-                bind=bind,
-            )
-        )
+        add(f"eval-{k}", "eval", "tianji.services.evaluator:EvalService", k)
     return specs
 
 

@@ -2,7 +2,7 @@
 
 The launcher (:class:`~tianji.launch.base.Launcher`) notices a death — the process exited,
 or a registered service missed ``missed_heartbeats`` heartbeats and was killed — and asks
-the :class:`~tianji.launch.base.RestartPolicy` built here whether and how to start it again:
+the :class:`~tianji.launch.restarts.RestartPolicy` built here whether and how to start it again:
 
 * **actors, inference, buffers, evaluation workers and the parameter service** restart up
   to ``restarts[role]`` times each within any ``period_s`` seconds (a death beyond that
@@ -33,7 +33,7 @@ import dataclasses
 import logging
 from typing import Protocol, TextIO
 
-from tianji.launch.base import RestartPolicy
+from tianji.launch.restarts import RestartPolicy
 from tianji.launch.spec import ServiceSpec
 from tianji.rl.checkpoint import CheckpointError, latest_checkpoint, read_checkpoint, replay_file
 from tianji.rl.config import RunConfig

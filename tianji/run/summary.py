@@ -39,10 +39,8 @@ def summarize(
 ) -> dict[str, Any]:
     """The summary JSON of a finished run (see the README for its keys)."""
     totals = learner_totals(controller)
-    env_steps = monitor.env_steps
     here = monitor.env_steps_here  # a resumed run's rates count this part of it only
-    resumed = monitor.resume
-    start_updates = resumed.policy_version if resumed is not None else 0
+    start_updates = monitor.resume.policy_version if monitor.resume is not None else 0
     balancer = balancer_of(controller)
     # the run has stopped: what is still on its way to or from a dead incarnation is lost
     books = accounting(controller.heartbeats, on_policy, final=True)
@@ -55,7 +53,7 @@ def summarize(
         "actors": config.actors.count,
         "envs_per_actor": config.actors.envs_per_actor,
         "transport": config.transport,
-        "env_steps": env_steps,
+        "env_steps": monitor.env_steps,
         "env_steps_by_actor": dict(sorted(monitor.env_steps_by_actor.items())),
         "episodes": monitor.episodes,
         "learners": config.learner.count,
@@ -90,17 +88,23 @@ def summarize(
             "errors": monitor.counters[MonitorStat.CHECKPOINT_ERRORS],
             "latest": str(monitor.last_checkpoint) if monitor.last_checkpoint else None,
         },
-        "services": {
-            name: {
-                "role": hb.role,
-                "restarts": controller.restarts[name],
-                "max_rss_mb": hb.gauges.get(ServiceStat.MAX_RSS_MB),
-                "counters": {
-                    k: v for k, v in hb.counters.items() if not k.startswith(LearnerStat.LAG_PREFIX)
-                },
-            }
-            for name, hb in sorted(controller.heartbeats.items())
-        },
+        "services": _services(controller),
+    }
+
+
+def _services(controller: Controller) -> dict[str, Any]:
+    """Per service (dead incarnations too, as ``name#k``): its role, restarts, peak RSS
+    and last counters (the lag histogram's buckets left out)."""
+    return {
+        name: {
+            "role": hb.role,
+            "restarts": controller.restarts[name],
+            "max_rss_mb": hb.gauges.get(ServiceStat.MAX_RSS_MB),
+            "counters": {
+                k: v for k, v in hb.counters.items() if not k.startswith(LearnerStat.LAG_PREFIX)
+            },
+        }
+        for name, hb in sorted(controller.heartbeats.items())
     }
 
 

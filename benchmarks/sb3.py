@@ -1,6 +1,7 @@
-"""Stable-Baselines3 runs for ``tianji bench train``, with the RL Zoo's hyperparameters.
+"""Stable-Baselines3 runs beside tianji's in ``python benchmarks/peers.py train``, with the RL
+Zoo's hyperparameters.
 
-Run as ``python -m tianji.bench.sb3 ALGO --seed S --target-return R --max-seconds T`` (one
+Run as ``python benchmarks/sb3.py ALGO --seed S --target-return R --max-seconds T`` (one
 process per run, like tianji's); prints one JSON line with the same keys as tianji's
 summary that the benchmark compares. Needs ``pip install "tianji[bench]"``.
 
@@ -121,7 +122,7 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tianji.bench.sb3", description=__doc__)
+    p = argparse.ArgumentParser(prog="python benchmarks/sb3.py", description=__doc__)
     p.add_argument("algo", choices=sorted(ZOO))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--target-return", type=float, required=True)

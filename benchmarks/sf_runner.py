@@ -1,4 +1,5 @@
-"""Steady-state throughput of Sample Factory 2.1.1 APPO (learning on, CPU), for ``tianji bench``.
+"""Steady-state throughput of Sample Factory 2.1.1 APPO (learning on, CPU), beside tianji's
+in ``python benchmarks/peers.py throughput``.
 
 Standalone: it imports only the standard library and Sample Factory (plus its dependencies),
 never tianji, because it runs under a separate interpreter. Create that venv once::
@@ -10,7 +11,7 @@ never tianji, because it runs under a separate interpreter. Create that venv onc
 
 (pin torch in both calls: an unpinned torch pulls a multi-GB CUDA build). Then::
 
-    /work/sfvenv/bin/python tianji/bench/sf_runner.py --env cartpole|pong --workers W \\
+    /work/sfvenv/bin/python benchmarks/sf_runner.py --env cartpole|pong --workers W \\
         --envs-per-worker E --seconds S [--warmup S0] --train-dir DIR [--sf-args="FLAGS"]
 
 trains APPO in-process through SF's own runner and, at the end, prints exactly one JSON line
@@ -30,8 +31,8 @@ epochs); ``cartpole`` is ``CartPole-v1`` with the command line of SF's
 ``device=cpu``, a huge ``train_for_env_steps`` and ``restart_behavior=overwrite`` are changed.
 
 ``--sf-args`` (whitespace-separated SF flags, e.g. ``--encoder_mlp_layers 64 64
---nonlinearity=tanh``) come after the example's flags, so they override them: ``tianji bench
-throughput`` passes its equal-work settings this way (``tianji.bench.throughput.sf_flags``).
+--nonlinearity=tanh``) come after the example's flags, so they override them: ``benchmarks/peers.py
+throughput`` passes its equal-work settings this way (``tianji.bench.throughput_work.sf_flags``).
 ``settings`` in the JSON are the values SF actually ran with (its parsed config) for what
 decides the work: the encoder (``encoder_mlp_layers`` or ``encoder_conv_architecture`` with
 ``encoder_conv_mlp_layers``), ``nonlinearity``, ``actor_critic_share_weights``,

@@ -1,6 +1,7 @@
-"""``tianji bench chaos CONFIG --backend hosts``: the chaos run deployed by hand on two hosts.
+"""``python benchmarks/hosts.py chaos CONFIG --backend hosts``: the chaos run deployed by
+hand on two hosts.
 
-Two network namespaces on one bridge (:class:`~tianji.bench.netns.Bridge`; root and
+Two network namespaces on one bridge (``netns.py``'s ``Bridge``; root and
 iproute2) stand for two hosts: the head host runs ``tianji controller`` (with the monitor
 and the dashboard) and the learner, buffer, parameter and evaluation services; the actors'
 host runs the actors and inference services. Every service is started with ``tianji serve
@@ -18,8 +19,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from netns import Bridge
+
 from tianji.bench.chaos_run import ChaosRun, start_logged
-from tianji.bench.netns import Bridge
 from tianji.rl.topics import index_of
 
 __all__ = ["ACTOR_HOST_ROLES", "start_hosts"]
