@@ -130,6 +130,7 @@ class RunPlan:
     replay_resume: dict[str, Checkpoint] = dataclasses.field(default_factory=dict)
     _last: Snapshot | None = None
     _joined_at: float | None = None  # monotonic time every service was first registered
+    _all_up_at: float | None = None  # the same, in seconds on the monitor's clock
 
     def controller_plugins(self) -> list[Balancer]:
         """What the run's controller runs beside its registry: the balancer."""
@@ -229,8 +230,17 @@ class RunPlan:
         ``[stop] start_timeout``): the launcher's ``until``."""
         if self.monitor is None:
             return False
+        if self._all_up_at is None:
+            self._note_all_up(controller, self.monitor)
         self._check_start(controller, self.monitor)
         return self.monitor.done() is not None
+
+    def _note_all_up(self, controller: Controller, monitor: TrainMonitor) -> None:
+        """Note when every planned service was first registered (the summary's
+        ``all_up_s``, on the monitor's clock as ``time_to_target_s``)."""
+        registry = controller.registry
+        if len(registry) >= len(self.specs) and all(s.name in registry for s in self.specs):
+            self._all_up_at = time.monotonic() - monitor.started
 
     def _check_start(self, controller: Controller, monitor: TrainMonitor) -> None:
         """Fail the run when no env step arrived ``start_timeout`` s after all joined."""
@@ -361,6 +371,8 @@ class RunPlan:
                 self._record(controller, wall, self.facts(services=False))
             summary = summarize(self.config, controller, self.monitor, wall, self.on_policy)
             summary["stop_reason"] = self.monitor.done() or reason
+            up = self._all_up_at
+            summary["all_up_s"] = round(up, 3) if up is not None else None
             if backend is not None:
                 summary["backend"] = backend
             directory = recorder.directory if recorder is not None else None
