@@ -310,10 +310,10 @@ class ControllerConfig:
     on-policy run (``lag_target`` bounds what is outstanding). Set it for runs spread over
     hosts."""
     lag_target: int = 1
-    """On-policy: producers pause when what they would collect next would be consumed more
-    than this many policy versions late (``learner.max_policy_lag`` is the hard bound: older
-    samples are dropped as stale). 1 lets actors collect the next batch while the learner
-    trains on the previous one."""
+    """On-policy: a fragment is granted only with weights it will be consumed at most this
+    many policy versions after (``learner.max_policy_lag`` is the hard bound: older samples
+    are dropped as stale). 1 lets actors collect the next batch while the learner trains on
+    the previous one."""
     report_interval: float = 0.01
     """Seconds between two progress reports of one service (they are sent on change)."""
     watchdog_seconds: float = 30.0
