@@ -12,12 +12,12 @@ diagnostics and the per-minibatch advantage normalization they share.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 import torch
+from tianji.algorithms._onpolicy import OnPolicyConfig
 
 __all__ = [
-    "LossCoefficients",
     "Losses",
     "Objective",
     "clipped_surrogate_loss",
@@ -48,21 +48,8 @@ class Losses(NamedTuple):
         }
 
 
-class LossCoefficients(Protocol):
-    """The config fields the objectives read (``OnPolicyConfig`` has them)."""
-
-    @property
-    def clip_coef(self) -> float: ...
-    @property
-    def clip_value_loss(self) -> bool: ...
-    @property
-    def vf_coef(self) -> float: ...
-    @property
-    def ent_coef(self) -> float: ...
-
-
 _T = torch.Tensor
-Objective = Callable[[LossCoefficients, Mapping[str, _T], _T, _T, _T, _T], Losses]
+Objective = Callable[[OnPolicyConfig, Mapping[str, _T], _T, _T, _T, _T], Losses]
 """A minibatch loss: ``(config, minibatch, logp, entropy, value, advantage) -> Losses``
 (:func:`ppo_objective`, :func:`impala_objective`)."""
 
@@ -106,7 +93,7 @@ def impala_loss(
 
 
 def ppo_objective(
-    c: LossCoefficients,
+    c: OnPolicyConfig,
     minibatch: Mapping[str, torch.Tensor],
     logp: torch.Tensor,
     entropy: torch.Tensor,
@@ -124,7 +111,7 @@ def ppo_objective(
 
 
 def impala_objective(
-    c: LossCoefficients,
+    c: OnPolicyConfig,
     minibatch: Mapping[str, torch.Tensor],
     logp: torch.Tensor,
     entropy: torch.Tensor,

@@ -6,8 +6,9 @@ replay buffer's spec.
   overriding defaults where its own differ);
 * :func:`n_step_transitions`: a ``[T, N]`` fragment as flat n-step transitions;
 * :func:`epsilon_at` / :func:`epsilon_greedy`: the schedule and the exploring actions;
-* :func:`td_loss`, :func:`replay_spec`;
-* :class:`QLearner`: the base of both algorithm classes (target networks, exploration).
+* :func:`td_loss`;
+* :class:`QLearner`: the base of both algorithm classes (target networks, exploration,
+  the replay buffer).
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ __all__ = [
     "epsilon_at",
     "epsilon_greedy",
     "n_step_transitions",
-    "replay_spec",
     "td_loss",
 ]
 
@@ -200,6 +200,16 @@ class QLearner(AlgorithmBase):
             target.load_state_dict(online.state_dict())
             target.requires_grad_(False)
 
+    def buffer_spec(self) -> BufferSpec:
+        """Uniform replay over flat transitions."""
+        c = self.config
+        return BufferSpec(
+            kind="replay",
+            capacity=c.buffer_capacity,
+            batch_size=c.batch_size,
+            min_size=c.learning_starts,
+        )
+
     def _count_update(self) -> None:
         """One more update; every ``target_update_interval`` of them move each target
         network toward its online one by ``tau`` (:func:`polyak_update`)."""
@@ -207,18 +217,3 @@ class QLearner(AlgorithmBase):
         if self.version % self.config.target_update_interval == 0:
             for online, target in self._target_pairs():
                 polyak_update(online, target, self.config.tau)
-
-
-def replay_spec(
-    config: ReplayConfig, *, kind: str = "replay", alpha: float = 0.6, beta: float = 0.4
-) -> BufferSpec:
-    """Replay over flat transitions: ``kind`` "replay" (uniform) or "prioritized" (with its
-    exponents ``alpha`` and ``beta``)."""
-    return BufferSpec(
-        kind=kind,
-        capacity=config.buffer_capacity,
-        batch_size=config.batch_size,
-        min_size=config.learning_starts,
-        alpha=alpha,
-        beta=beta,
-    )

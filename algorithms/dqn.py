@@ -28,13 +28,7 @@ from tianji.algorithms._nets import (
     resolve_torso,
     seeded_init,
 )
-from tianji.algorithms._replay import (
-    QLearner,
-    ReplayConfig,
-    n_step_transitions,
-    replay_spec,
-    td_loss,
-)
+from tianji.algorithms._replay import QLearner, ReplayConfig, n_step_transitions, td_loss
 
 from tianji.rl.algorithm import BufferSpec, UpdateResult
 
@@ -178,4 +172,4 @@ class DQN(QLearner):
         """Uniform or prioritized replay over flat transitions."""
         c = self.config
         kind = "prioritized" if c.prioritized else "replay"
-        return replay_spec(c, kind=kind, alpha=c.alpha, beta=c.beta)
+        return dataclasses.replace(super().buffer_spec(), kind=kind, alpha=c.alpha, beta=c.beta)

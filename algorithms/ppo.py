@@ -1,12 +1,12 @@
 """PPO: clipped surrogate, GAE(lambda), minibatch epochs; discrete and continuous actions.
 
-Read top to bottom: the config, the actor-critic network, then the :class:`PPO` object the
-actor and learner services drive. The pieces it composes are small modules of their own:
-GAE (``_gae.py``), V-trace (``_vtrace.py``), the losses (``_losses.py``), the action
-distributions (``_distributions.py``), the observation and return normalizers
-(``_normalize.py``), the recurrent core (``_recurrent.py``), the on-policy plumbing and
-shared config fields (``_onpolicy.py``) and the weights/checkpoint boilerplate
-(``_base.py``).
+Read top to bottom: the config, then the :class:`PPO` object the actor and learner
+services drive. The pieces it composes are small modules of their own: the networks
+(``_actor_critic.py``, ``_recurrent.py``), GAE (``_gae.py``), V-trace (``_vtrace.py``),
+the losses (``_losses.py``), the action distributions (``_distributions.py``), the
+observation and return normalizers (``_normalize.py``), the recurrent learner's unrolls
+(``_recurrent.py``), the on-policy plumbing and shared config fields (``_onpolicy.py``)
+and the weights/checkpoint boilerplate (``_base.py``).
 
 * Actors call ``act``: it returns the ``action`` to step the env with (clipped to a Box's
   bounds) plus the extras stored in the fragment: ``logp``, ``value`` and, for Box
@@ -30,20 +30,18 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
+from tianji.algorithms._actor_critic import ActorCritic, actor_critic
 from tianji.algorithms._base import AlgorithmBase, Spaces
 from tianji.algorithms._distributions import head_stats, sample_categorical, sample_gaussian
 from tianji.algorithms._gae import gae
 from tianji.algorithms._losses import Objective, kl_stats, normalized, ppo_objective
 from tianji.algorithms._nets import (
-    NatureCNN,
     box_obs_problem,
     flat_dim,
-    mlp,
     obs_tensor,
-    resolve_torso,
     seeded_init,
 )
-from tianji.algorithms._normalize import ObsNormalizer, ReturnNormalizer, observe_returns
+from tianji.algorithms._normalize import ReturnNormalizer, observe_returns
 from tianji.algorithms._onpolicy import (
     OnPolicyConfig,
     compact_fragment,
@@ -63,12 +61,11 @@ from tianji.algorithms._recurrent import (
     unroll_columns,
 )
 from tianji.algorithms._vtrace import vtrace
-from torch import nn
 
 from tianji.rl.algorithm import BufferSpec, UpdateResult
 from tianji.rl.errors import ConfigError
 
-__all__ = ["PPO", "ActorCritic", "PPOConfig"]
+__all__ = ["PPO", "PPOConfig"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -145,59 +142,6 @@ class PPOConfig(OnPolicyConfig):
                 raise ConfigError(f"algorithm.{key}", getattr(self, key), "a number > 0")
 
 
-# --------------------------------------------------------------------------- network
-
-
-class ActorCritic(nn.Module):
-    """Policy head (logits or Gaussian mean) and value head over separate or shared MLPs,
-    or over one :class:`NatureCNN` (``torso = "nature"``)."""
-
-    def __init__(
-        self, observation_space: Any, out_dim: int, config: PPOConfig, *, continuous: bool
-    ) -> None:
-        super().__init__()
-        hidden = tuple(config.hidden)
-        in_dim = flat_dim(observation_space.shape)
-        self.torso: nn.Module | None = None
-        torso = resolve_torso("algo.torso", config.torso, observation_space)
-        self.image = torso == "nature"
-        self.obs_norm = (
-            ObsNormalizer.at_input(observation_space, image=self.image)
-            if config.normalize_obs
-            else None
-        )
-        if self.image:
-            self.torso = NatureCNN(observation_space.shape)
-            self.actor = mlp(NatureCNN.features, (), out_dim, out_gain=0.01)
-            self.critic = mlp(NatureCNN.features, (), 1, out_gain=1.0)
-        elif config.shared_network:
-            self.torso = mlp(in_dim, hidden[:-1], hidden[-1], activation=nn.Tanh, out_gain=2**0.5)
-            self.torso.append(nn.Tanh())
-            self.actor = mlp(hidden[-1], (), out_dim, out_gain=0.01)
-            self.critic = mlp(hidden[-1], (), 1, out_gain=1.0)
-        else:
-            self.actor = mlp(in_dim, hidden, out_dim, activation=nn.Tanh, out_gain=0.01)
-            self.critic = mlp(in_dim, hidden, 1, activation=nn.Tanh, out_gain=1.0)
-        self.log_std = (
-            nn.Parameter(torch.full((out_dim,), config.init_log_std)) if continuous else None
-        )
-
-    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(policy head output [B, A], value [B])`` for flat ``obs [B, D]``."""
-        x = self._features(obs)
-        return self.actor(x), self.critic(x).squeeze(-1)
-
-    def value(self, obs: torch.Tensor) -> torch.Tensor:
-        """``V(obs) [B]``."""
-        out: torch.Tensor = self.critic(self._features(obs)).squeeze(-1)
-        return out
-
-    def _features(self, obs: torch.Tensor) -> torch.Tensor:
-        if self.obs_norm is not None:
-            obs = self.obs_norm(obs)
-        return obs if self.torso is None else self.torso(obs)
-
-
 # --------------------------------------------------------------------------- algorithm
 
 
@@ -252,17 +196,12 @@ class PPO(AlgorithmBase):
         self.recurrent = config.core != "none"
         """Whether ``act`` takes and returns a per-env state (``[algo] core``)."""
         with seeded_init(seed):
-            net: ActorCritic | RecurrentActorCritic
-            if self.recurrent:
-                torso = resolve_torso("algo.torso", config.torso, observation_space)
-                net = RecurrentActorCritic(
-                    observation_space, out_dim, hidden=config.hidden,
-                    core_hidden=config.core_hidden, image=torso == "nature",
-                    continuous=self.continuous, init_log_std=config.init_log_std,
-                    normalize_obs=config.normalize_obs,
-                )  # fmt: skip
-            else:
-                net = ActorCritic(observation_space, out_dim, config, continuous=self.continuous)
+            net = actor_critic(
+                observation_space, out_dim, hidden=config.hidden, torso=config.torso,
+                shared=config.shared_network, continuous=self.continuous,
+                core_hidden=config.core_hidden if self.recurrent else None,
+                init_log_std=config.init_log_std, normalize_obs=config.normalize_obs,
+            )  # fmt: skip
             self.net = net.to(self.device)
         self._steps = 0  # T of the batch being learned from (recurrent minibatches)
         self.returns = ReturnNormalizer() if config.normalize_returns else None

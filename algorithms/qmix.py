@@ -29,16 +29,10 @@ import torch.nn.functional as F
 from tianji.algorithms._base import Spaces
 from tianji.algorithms._multiagent import agent_counts, agent_inputs
 from tianji.algorithms._nets import flat_dim, mlp, seeded_init
-from tianji.algorithms._replay import (
-    QLearner,
-    ReplayConfig,
-    n_step_transitions,
-    replay_spec,
-    td_loss,
-)
+from tianji.algorithms._replay import QLearner, ReplayConfig, n_step_transitions, td_loss
 from torch import nn
 
-from tianji.rl.algorithm import BufferSpec, UpdateResult
+from tianji.rl.algorithm import UpdateResult
 from tianji.rl.errors import ConfigError
 
 __all__ = ["QMIX", "QMIXConfig", "QMixer", "n_step_transitions_ma"]
@@ -254,7 +248,3 @@ class QMIX(QLearner):
             "epsilon": self.epsilon,
         }
         return UpdateResult(metrics=metrics, priorities=None)
-
-    def buffer_spec(self) -> BufferSpec:
-        """Uniform replay over flat multi-agent transitions."""
-        return replay_spec(self.config)
