@@ -433,6 +433,7 @@ class PPO(AlgorithmBase):
         else:
             logp, entropy, value = self._evaluate(mb["obs"], mb["action"])
         adv = normalized(mb["adv"]) if c.norm_adv else mb["adv"]
+        # (through the class: a plain function read from the instance would be bound)
         losses = type(self).objective(c, mb, logp, entropy, value, adv)
         self._gradient_step(losses.total)
         return {**losses.metrics(), **kl_stats(logp, mb["old_logp"], c.clip_coef)}
