@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["agent_inputs", "multi_agent_problem"]
+__all__ = ["agent_counts", "agent_inputs", "multi_agent_problem"]
 
 
 def multi_agent_problem(observation_space: Any, action_space: Any) -> str | None:
@@ -52,3 +52,10 @@ def agent_inputs(obs: np.ndarray | torch.Tensor, *, with_id: bool = True) -> tor
         return x
     ids = torch.eye(n_agents, dtype=x.dtype, device=x.device).expand(batch, -1, -1)
     return torch.cat([x, ids], dim=-1)
+
+
+def agent_counts(action_space: Any) -> tuple[int, int, int]:
+    """``(agents, actions per agent, the first action's number)`` of a supported action
+    space (see :func:`multi_agent_problem`)."""
+    nvec, start = action_space.nvec, action_space.start
+    return len(nvec), int(nvec[0]), int(start[0])

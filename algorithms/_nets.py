@@ -12,7 +12,7 @@ import logging
 import math
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import torch
@@ -24,17 +24,14 @@ from tianji.rl.errors import ConfigError
 __all__ = [
     "TORSOS",
     "NatureCNN",
-    "ObsNormalizer",
     "adam",
     "as_hidden",
-    "averaged_moments",
     "box_obs_problem",
     "build_network",
     "flat_dim",
     "gradient_step",
     "is_image_space",
     "load_numpy_weights",
-    "merge_moments",
     "mlp",
     "numpy_weights",
     "obs_tensor",
@@ -235,100 +232,6 @@ class NatureCNN(nn.Module):
         """``[B, 512]`` features of a batch of images."""
         out: torch.Tensor = self.fc(self.convs(self._arrange(obs)))
         return out
-
-
-M = TypeVar("M", float, torch.Tensor)
-
-
-def merge_moments(
-    mean: M, var: M, count: float, batch_mean: M, batch_var: M, batch_count: float
-) -> tuple[M, M, float]:
-    """Running ``(mean, var, count)`` merged with a batch's (Chan et al.'s parallel update);
-    elementwise for tensors."""
-    total = count + batch_count
-    delta = batch_mean - mean
-    merged_var = (
-        var * count + batch_var * batch_count + delta * delta * (count * batch_count / total)
-    ) / total
-    return mean + delta * (batch_count / total), merged_var, total
-
-
-def averaged_moments(
-    sync: GradientSync, mean: np.ndarray, square: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """A batch's moments ``E[x]`` and ``E[x^2]`` averaged over the data-parallel learners
-    (one all-reduce, which moves float32), so every learner merges the same statistics.
-    Returned as float64, in the shapes given."""
-    both = np.concatenate([np.ravel(mean), np.ravel(square)]).astype(np.float32)
-    first, second = np.split(sync(both).astype(np.float64), 2)
-    return first.reshape(np.shape(mean)), second.reshape(np.shape(square))
-
-
-class ObsNormalizer(nn.Module):
-    """Standardizes observations element by element with a running mean and variance
-    (as Sample Factory's ``normalize_input``): ``(x - mean) / std``, clipped to +-5.
-
-    uint8 images are scaled to [0, 1] first (and come out as floats, which
-    :class:`NatureCNN` takes as they are). The statistics are buffers, so they travel with
-    the weights to actors and into checkpoints; only the learner updates them
-    (:meth:`update`, once per batch).
-    """
-
-    clip = 5.0
-
-    def __init__(self, obs_shape: Sequence[int]) -> None:
-        super().__init__()
-        shape = tuple(obs_shape)
-        self.mean: torch.Tensor
-        self.var: torch.Tensor
-        self.count: torch.Tensor
-        self.register_buffer("mean", torch.zeros(shape))
-        self.register_buffer("var", torch.ones(shape))
-        # (shape [1]: weights travel as contiguous arrays, which have at least one dim)
-        self.register_buffer("count", torch.full((1,), 1e-4, dtype=torch.float64))
-
-    @classmethod
-    def at_input(cls, observation_space: Any, *, image: bool) -> ObsNormalizer:
-        """Statistics of the input the network sees (:func:`obs_tensor`): an image as it
-        is, anything else flattened."""
-        shape = observation_space.shape
-        return cls(tuple(shape) if image else (flat_dim(shape),))
-
-    @staticmethod
-    def scaled(obs: torch.Tensor) -> torch.Tensor:
-        """Float observations (uint8 images divided by 255)."""
-        return obs.float() / 255.0 if obs.dtype == torch.uint8 else obs.float()
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        x = (self.scaled(obs) - self.mean) * torch.rsqrt(self.var + 1e-8)
-        return x.clamp(-self.clip, self.clip)
-
-    @torch.no_grad()
-    def update(self, obs: torch.Tensor, sync: GradientSync | None = None, chunk: int = 512) -> None:
-        """Merge a batch ``[B, *obs_shape]`` into the statistics (in chunks: bounded memory
-        for pixel batches). With data-parallel learners, ``sync`` averages every learner's
-        batch moments first, so all keep the same statistics."""
-        total = len(obs)
-        if not total:
-            return
-        # (sums in float64: E[x^2] - E[x]^2 cancels badly in float32 when |mean| >> std)
-        first = torch.zeros_like(self.mean, dtype=torch.float64)
-        second = torch.zeros_like(first)
-        for i in range(0, total, chunk):
-            x = self.scaled(obs[i : i + chunk]).double()
-            first += x.sum(0)
-            second += x.square().sum(0)
-        mean, square = first / total, second / total
-        if sync is not None:
-            pair = averaged_moments(sync, mean.cpu().numpy(), square.cpu().numpy())
-            mean, square = (torch.as_tensor(part, device=mean.device) for part in pair)
-        var = (square - mean * mean).clamp_min(0.0).float()
-        new_mean, new_var, new_count = merge_moments(
-            self.mean, self.var, float(self.count[0]), mean.float(), var, total
-        )
-        self.mean.copy_(new_mean)
-        self.var.copy_(new_var)
-        self.count.fill_(new_count)
 
 
 def build_network(

@@ -7,19 +7,36 @@ the state before an observation and returns the state after it. The state each s
 started from is stored in the fragment (``core_state``), so the learner unrolls every
 column from its first step's stored state, resetting it where an episode began inside
 the fragment (truncated backpropagation through time over the fragment's length).
+
+The learner's side, as pure functions PPO and IMPALA compose: :func:`unroll_batch` (the
+whole batch from the stored states, for the values and log-probabilities of GAE/V-trace),
+:func:`column_minibatches` (minibatches of whole env columns) and :func:`unroll_columns`
+(a minibatch of columns, with ``burn_in``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
-from tianji.algorithms._nets import NatureCNN, ObsNormalizer, flat_dim, mlp
+from tianji.algorithms._nets import NatureCNN, flat_dim, mlp
+from tianji.algorithms._normalize import ObsNormalizer
+from tianji.algorithms._onpolicy import epoch_minibatches
 from torch import nn
 
-__all__ = ["CORES", "RecurrentActorCritic", "episode_starts"]
+from tianji.rl.errors import ConfigError
+
+__all__ = [
+    "CORES",
+    "RecurrentActorCritic",
+    "column_minibatches",
+    "episode_starts",
+    "unroll_batch",
+    "unroll_columns",
+]
 
 CORES = ("none", "gru")
 """What ``[algo] core`` may say: "none" (a feed-forward policy) or "gru"."""
@@ -122,3 +139,66 @@ class RecurrentActorCritic(nn.Module):
             after.append(h)
         states = torch.stack(after)
         return self.actor(states), self.critic(states).squeeze(-1), states
+
+
+def unroll_batch(
+    net: RecurrentActorCritic,
+    obs: torch.Tensor,
+    batch: Mapping[str, np.ndarray],
+    burn_in: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """The core over a ``[T, M]`` batch (``obs`` flat ``[T*M, ...]``) from the states stored
+    with it (``core_state``), reset where episodes begin.
+
+    Returns:
+        ``(heads [T*M, A], values [T*M], states after each step [T*M, H], the flat
+        tensors minibatches unroll from: core_state, starts)``.
+
+    Raises:
+        ConfigError: if ``burn_in`` leaves no step of the fragments to learn from.
+    """
+    steps, width = np.shape(batch["reward"])
+    if burn_in >= steps:
+        raise ConfigError("algorithm.burn_in", burn_in, f"less than the fragment length {steps}")
+    dev = obs.device
+    stored = torch.as_tensor(np.asarray(batch["core_state"], np.float32), device=dev)
+    starts = episode_starts(batch["terminated"], batch["truncated"]).to(dev)
+    heads, values, after = net.unroll(obs.view(steps, width, *obs.shape[1:]), stored[0], starts)
+    extra = {"core_state": stored.reshape(steps * width, -1), "starts": starts.reshape(-1)}
+    flat_heads = heads.reshape(steps * width, -1)
+    return flat_heads, values.reshape(-1), after.reshape(steps * width, -1), extra
+
+
+def column_minibatches(
+    size: int, steps: int, num_minibatches: int, rng: np.random.Generator
+) -> list[np.ndarray]:
+    """One epoch's minibatches of flat ``[T*M]`` indices (``size = T*M``, ``steps = T``):
+    random whole columns, every step of each in time order."""
+    width = size // steps
+    columns = epoch_minibatches(width, min(num_minibatches, width), rng)
+    rows = np.arange(steps)[:, None] * width
+    return [(rows + cols[None, :]).reshape(-1) for cols in columns]
+
+
+def unroll_columns(
+    net: RecurrentActorCritic, mb: Mapping[str, torch.Tensor], steps: int, burn_in: int
+) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+    """A minibatch of whole columns (time-major, flat): unroll them from their stored first
+    states, the first ``burn_in`` steps without gradient and left out.
+
+    Returns:
+        ``(the minibatch without its burn-in steps, heads [B, A], values [B])``, flat.
+    """
+    width = len(mb["obs"]) // steps
+
+    def columns(x: torch.Tensor) -> torch.Tensor:
+        return x.view(steps, width, *x.shape[1:])
+
+    obs, starts = columns(mb["obs"]), columns(mb["starts"])
+    state = columns(mb["core_state"])[0]
+    if burn_in:
+        with torch.no_grad():
+            state = net.unroll(obs[:burn_in], state, starts[:burn_in])[2][-1]
+    heads, value, _ = net.unroll(obs[burn_in:], state, starts[burn_in:])
+    kept = {k: columns(v)[burn_in:].reshape(-1, *v.shape[1:]) for k, v in mb.items()}
+    return kept, heads.reshape(len(kept["adv"]), -1), value.reshape(-1)

@@ -60,36 +60,45 @@ def vtrace(
     Raises:
         ValueError: if the arrays' shapes differ or a truncation level is not positive.
     """
-    shape = np.shape(reward)
-    arrays = (value, next_value, terminated, truncated, log_rho)
-    if len(shape) != 2 or any(np.shape(a) != shape for a in arrays):
-        shapes = [np.shape(a) for a in (reward, *arrays)]
-        raise ValueError(f"v-trace needs [T, M] arrays of one shape, got {shapes}")
     pg_bar = rho_bar if rho_pg_bar is None else rho_pg_bar
-    if min(rho_bar, c_bar, pg_bar) <= 0:
-        raise ValueError(
-            f"truncation levels must be > 0: rho_bar={rho_bar}, c_bar={c_bar}, rho_pg_bar={pg_bar}"
-        )
+    _check(reward, (value, next_value, terminated, truncated, log_rho), (rho_bar, c_bar, pg_bar))
     term = np.asarray(terminated, dtype=bool)
     cont = ~(term | np.asarray(truncated, dtype=bool))
     reward = np.asarray(reward, dtype=np.float64)
     value = np.asarray(value, dtype=np.float64)
     rho = np.exp(np.asarray(log_rho, dtype=np.float64))
     boot = np.where(term, 0.0, np.asarray(next_value, dtype=np.float64))  # V(x_{t+1}) at ends
-    # inside an episode V(x_{t+1}) is the next row's value
-    following = np.empty_like(value)
-    following[:-1] = np.where(cont[:-1], value[1:], boot[:-1])
-    following[-1] = boot[-1]
-    delta = np.minimum(rho_bar, rho) * (reward + gamma * following - value)
+    delta = np.minimum(rho_bar, rho) * (reward + gamma * _following(value, cont, boot) - value)
     trace = gamma * lam * np.minimum(c_bar, rho) * cont
-    correction = np.zeros(shape, dtype=np.float64)
-    running = np.zeros(shape[1:], dtype=np.float64)
-    for t in reversed(range(shape[0])):
+    correction = np.zeros(np.shape(reward), dtype=np.float64)
+    running = np.zeros(np.shape(reward)[1:], dtype=np.float64)
+    for t in reversed(range(len(reward))):
         running = delta[t] + trace[t] * running
         correction[t] = running
     targets = value + correction
-    next_target = np.empty_like(targets)
-    next_target[:-1] = np.where(cont[:-1], targets[1:], boot[:-1])
-    next_target[-1] = boot[-1]
+    next_target = _following(targets, cont, boot)
     advantages = np.minimum(pg_bar, rho) * (reward + gamma * next_target - value)
     return targets.astype(np.float32), advantages.astype(np.float32)
+
+
+def _check(reward: np.ndarray, arrays: tuple[np.ndarray, ...], levels: tuple[float, ...]) -> None:
+    """Raise ValueError unless ``reward`` and ``arrays`` are ``[T, M]`` of one shape and the
+    truncation ``levels`` (rho_bar, c_bar, rho_pg_bar) are positive."""
+    shape = np.shape(reward)
+    if len(shape) != 2 or any(np.shape(a) != shape for a in arrays):
+        shapes = [np.shape(a) for a in (reward, *arrays)]
+        raise ValueError(f"v-trace needs [T, M] arrays of one shape, got {shapes}")
+    if min(levels) <= 0:
+        rho_bar, c_bar, pg_bar = levels
+        raise ValueError(
+            f"truncation levels must be > 0: rho_bar={rho_bar}, c_bar={c_bar}, rho_pg_bar={pg_bar}"
+        )
+
+
+def _following(x: np.ndarray, cont: np.ndarray, boot: np.ndarray) -> np.ndarray:
+    """``x`` of the step after ``t`` inside an episode (the next row), else ``boot[t]`` (at
+    an episode's end and at the fragment's last step)."""
+    out = np.empty_like(x)
+    out[:-1] = np.where(cont[:-1], x[1:], boot[:-1])
+    out[-1] = boot[-1]
+    return out

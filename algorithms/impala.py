@@ -1,11 +1,12 @@
 """IMPALA: a V-trace actor-critic (Espeholt et al. 2018) on PPO's networks and plumbing.
 
 What differs from PPO (``algorithms/ppo.py``, whose config, networks, acting and batch
-preparation it reuses): the value targets and advantages always come from V-trace
-(``algorithms/_vtrace.py``), computed with the importance ratios of the learner's policy
-to the behaviour policy whose ``logp`` the actor stored, so fragments collected several
-versions ago still give unbiased-enough updates; and each batch gets plain actor-critic
-steps, with no ratio clipping and no value clipping:
+preparation it reuses; the loss is ``algorithms/_losses.py``'s ``impala_loss``): the value
+targets and advantages always come from V-trace (``algorithms/_vtrace.py``), computed
+with the importance ratios of the learner's policy to the behaviour policy whose ``logp``
+the actor stored, so fragments collected several versions ago still give unbiased-enough
+updates; and each batch gets plain actor-critic steps, with no ratio clipping and no value
+clipping:
 
 ``loss = -mean(A_vtrace * log pi(a|x)) + vf_coef * 0.5 * mean((v_s - V(x))^2)
 - ent_coef * mean(entropy)``.
@@ -19,14 +20,13 @@ what keeps that lag from biasing the updates (``examples/cartpole_impala.toml``)
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 
-import torch
+from tianji.algorithms._losses import impala_objective
 from tianji.algorithms.ppo import PPO, PPOConfig
 
 from tianji.rl.errors import ConfigError
 
-__all__ = ["IMPALA", "IMPALAConfig", "impala_loss"]
+__all__ = ["IMPALA", "IMPALAConfig"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -45,35 +45,10 @@ class IMPALAConfig(PPOConfig):
             raise ConfigError("algorithm.vtrace", self.vtrace, "true (IMPALA is V-trace)")
 
 
-def impala_loss(
-    logp: torch.Tensor,
-    entropy: torch.Tensor,
-    value: torch.Tensor,
-    advantage: torch.Tensor,
-    target: torch.Tensor,
-    vf_coef: float,
-    ent_coef: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(loss, policy loss, value loss, entropy)`` of one minibatch (module docstring)."""
-    pg_loss = -(advantage.detach() * logp).mean()
-    v_loss = 0.5 * ((target.detach() - value) ** 2).mean()
-    ent = entropy.mean()
-    return pg_loss + vf_coef * v_loss - ent_coef * ent, pg_loss, v_loss, ent
-
-
 class IMPALA(PPO):
-    """The V-trace actor-critic (see the module docstring)."""
+    """The V-trace actor-critic (see the module docstring): PPO's networks, acting and
+    batch preparation with IMPALA's config and minibatch loss."""
 
     name = "impala"
     Config = IMPALAConfig
-
-    def _losses(
-        self,
-        mb: Mapping[str, torch.Tensor],
-        logp: torch.Tensor,
-        entropy: torch.Tensor,
-        value: torch.Tensor,
-        adv: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        c = self.config
-        return impala_loss(logp, entropy, value, adv, mb["ret"], c.vf_coef, c.ent_coef)
+    objective = impala_objective

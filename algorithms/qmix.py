@@ -22,95 +22,47 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tianji.algorithms._multiagent import agent_inputs, multi_agent_problem
-from tianji.algorithms._nets import (
-    adam,
-    as_hidden,
-    flat_dim,
-    gradient_step,
-    load_numpy_weights,
-    mlp,
-    numpy_weights,
-    pick_device,
-    polyak_update,
-    require_spaces,
-    seeded_init,
-)
-from tianji.algorithms.dqn import epsilon_at, n_step_transitions
+from tianji.algorithms._base import Spaces
+from tianji.algorithms._multiagent import agent_counts, agent_inputs
+from tianji.algorithms._nets import flat_dim, mlp, seeded_init
+from tianji.algorithms._replay import QLearner, ReplayConfig, n_step_transitions, td_loss
 from torch import nn
 
-from tianji.rl.algorithm import BufferSpec, GradientSync, UpdateResult
+from tianji.rl.algorithm import UpdateResult
 from tianji.rl.errors import ConfigError
 
 __all__ = ["QMIX", "QMIXConfig", "QMixer", "n_step_transitions_ma"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class QMIXConfig:
-    """Hyperparameters of :class:`QMIX` (defaults tuned for mpe2 ``simple_spread_v3``)."""
+class QMIXConfig(ReplayConfig):
+    """Hyperparameters of :class:`QMIX` (defaults tuned for mpe2 ``simple_spread_v3``): the
+    replay fields of :class:`~tianji.algorithms._replay.ReplayConfig` with these defaults
+    (``n_step`` sums *team* rewards; the target update and ``max_grad_norm`` cover agent
+    network and mixer together), and the mixer's fields."""
 
     gamma: float = 0.9
-    """Discount factor per environment step."""
-    n_step: int = 3
-    """Team rewards summed into one transition (cut at episode and fragment ends)."""
+    hidden: Sequence[int] = (64, 64)
+    buffer_capacity: int = 100_000
+    target_update_interval: int = 200
+    epsilon_end: float = 0.02
+    epsilon_decay_updates: int = 2_000
     reward_scale: float = 0.1
     """Team rewards are multiplied by this in the target (keeps Q near unit scale)."""
-    lr: float = 5e-4
-    """Adam learning rate (agent network and mixer)."""
-    hidden: Sequence[int] = (64, 64)
-    """Hidden layer sizes of the shared agent network."""
     mixing_embed: int = 32
     """Width of the mixer's hidden layer (the ELU layer between Q_agents and Q_tot)."""
     hypernet_hidden: int = 64
     """Hidden width of the hypernetworks that produce the mixing weights."""
-    batch_size: int = 128
-    """Transitions (each with every agent) per learner update."""
-    buffer_capacity: int = 100_000
-    """Transitions the replay buffer keeps at most."""
-    learning_starts: int = 1_000
-    """Transitions stored before the first batch is handed out."""
-    target_update_interval: int = 200
-    """Learner updates between target-network updates (agent network and mixer)."""
-    tau: float = 1.0
-    """Target update rate: 1 copies the online nets (hard update), < 1 is Polyak averaging."""
-    epsilon_start: float = 1.0
-    """Exploration rate before the first learner update."""
-    epsilon_end: float = 0.02
-    """Exploration rate after ``epsilon_decay_updates`` learner updates."""
-    epsilon_decay_updates: int = 2_000
-    """Learner updates over which epsilon decays linearly."""
-    max_grad_norm: float = 10.0
-    """Gradient-norm clip per update (agent network and mixer together)."""
-    huber_delta: float = 1.0
-    """Where the Huber loss turns from quadratic to linear (0: mean squared error)."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "hidden", as_hidden("algorithm.hidden", self.hidden))
-        for key in (
-            "n_step",
-            "batch_size",
-            "buffer_capacity",
-            "target_update_interval",
-            "mixing_embed",
-            "hypernet_hidden",
-        ):
+        ReplayConfig.__post_init__(self)
+        for key in ("mixing_embed", "hypernet_hidden"):
             if type(getattr(self, key)) is not int or getattr(self, key) <= 0:
                 raise ConfigError(f"algorithm.{key}", getattr(self, key), "a positive integer")
-        if not 0.0 <= self.gamma <= 1.0:
-            raise ConfigError("algorithm.gamma", self.gamma, "a number in [0, 1]")
-        if not 0.0 < self.tau <= 1.0:
-            raise ConfigError("algorithm.tau", self.tau, "a number in (0, 1]")
-        if self.huber_delta < 0.0:
-            raise ConfigError("algorithm.huber_delta", self.huber_delta, "a number >= 0")
-        if self.learning_starts > self.buffer_capacity:
-            raise ConfigError(
-                "algorithm.learning_starts", self.learning_starts, "at most buffer_capacity"
-            )
 
 
 # --------------------------------------------------------------------------- pure math
@@ -124,7 +76,7 @@ def n_step_transitions_ma(
     Row ``t*N + i`` holds the env step ``(t, i)`` with every agent: ``obs [A, D]``,
     ``action [A]``, ``state [S]``, the n-step *team* ``reward`` and ``discount``, and
     ``next_obs``/``next_state`` from ``k`` steps later, exactly as
-    :func:`tianji.algorithms.dqn.n_step_transitions` cuts windows (at episode ends, the
+    :func:`tianji.algorithms._replay.n_step_transitions` cuts windows (at episode ends, the
     true final observation; discount 0 only after a termination).
     """
     horizon, n_env = np.shape(fragment["reward"])
@@ -204,7 +156,7 @@ class QMixer(nn.Module):
 # --------------------------------------------------------------------------- algorithm
 
 
-class QMIX:
+class QMIX(QLearner):
     """QMIX with a shared MLP agent network, n-step returns and double-Q targets.
 
     Usage::
@@ -219,63 +171,27 @@ class QMIX:
     name = "qmix"
     Config = QMIXConfig
     multi_agent = True
+    networks = ("agent", "agent_target", "mixer", "mixer_target")
+    trained = ("agent", "mixer")
+    """Agent network, then mixer (the order gradients sync in)."""
+    targets = (("agent", "agent_target"), ("mixer", "mixer_target"))
+    published = "agent"
+    """Actors get the agent network only; the mixer stays on the learner."""
+    config: QMIXConfig
 
-    @staticmethod
-    def check_spaces(observation_space: Any, action_space: Any) -> str | None:
-        """``None`` if QMIX supports the spaces, else a message naming the unsupported one."""
-        problem = multi_agent_problem(observation_space, action_space)
-        return f"QMIX: {problem}" if problem else None
-
-    def __init__(
-        self,
-        config: QMIXConfig,
-        observation_space: Any,
-        action_space: Any,
-        *,
-        seed: int = 0,
-        device: str = "auto",
-        state_space: Any,
-    ) -> None:
-        require_spaces(
-            self.check_spaces(observation_space, action_space), observation_space, action_space
-        )
-        self.config = config
-        self.device = pick_device(device)
-        self.n_agents, obs_dim = observation_space.shape
-        self.n_actions = int(action_space.nvec[0])
-        self.action_start = int(action_space.start[0])
-        self.version = 0
-        self.rng = np.random.default_rng(seed)
-        in_dim, state_dim = obs_dim + self.n_agents, flat_dim(state_space.shape)
+    def _build(self, spaces: Spaces, seed: int) -> None:
+        """Agent network, mixer and their targets (starting as copies)."""
+        config = self.config
+        self.n_agents, self.n_actions, self.action_start = agent_counts(spaces.action)
+        in_dim = spaces.observation.shape[1] + self.n_agents
+        state_dim = flat_dim(spaces.state.shape)
         mixer_size = {"embed": config.mixing_embed, "hidden": config.hypernet_hidden}
         with seeded_init(seed):
             self.agent = mlp(in_dim, config.hidden, self.n_actions).to(self.device)
             self.agent_target = mlp(in_dim, config.hidden, self.n_actions).to(self.device)
             self.mixer = QMixer(self.n_agents, state_dim, **mixer_size).to(self.device)
             self.mixer_target = QMixer(self.n_agents, state_dim, **mixer_size).to(self.device)
-        for online, target in ((self.agent, self.agent_target), (self.mixer, self.mixer_target)):
-            target.load_state_dict(online.state_dict())
-            target.requires_grad_(False)
-        self._optimizer: torch.optim.Optimizer | None = None  # built on first update
-        self.gradient_sync: GradientSync | None = None  # set by the learner when K > 1
-
-    @property
-    def params(self) -> list[nn.Parameter]:
-        """The trained parameters: agent network, then mixer (the order gradients sync in)."""
-        return [*self.agent.parameters(), *self.mixer.parameters()]
-
-    @property
-    def optimizer(self) -> torch.optim.Optimizer:
-        """Adam over agent network and mixer, built on first use (actors never update)."""
-        if self._optimizer is None:
-            self._optimizer = adam(self.params, lr=self.config.lr)
-        return self._optimizer
-
-    @property
-    def epsilon(self) -> float:
-        """The exploration rate at the current learner ``version``."""
-        c = self.config
-        return epsilon_at(self.version, c.epsilon_start, c.epsilon_end, c.epsilon_decay_updates)
+        self._init_targets()
 
     def _q(self, net: nn.Module, obs: np.ndarray) -> torch.Tensor:
         """Every agent's action values ``[B, A, n_actions]`` for ``obs [B, A, D]``."""
@@ -289,8 +205,7 @@ class QMIX:
         with torch.no_grad():
             greedy = self._q(self.agent, obs).argmax(dim=2).cpu().numpy()
         if explore:
-            random = self.rng.integers(0, self.n_actions, size=greedy.shape)
-            greedy = np.where(self.rng.random(greedy.shape) < self.epsilon, random, greedy)
+            greedy = self._explore(greedy)
         return {"action": (greedy + self.action_start).astype(np.int64)}
 
     def postprocess(self, fragment: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -322,17 +237,9 @@ class QMIX:
         state = torch.as_tensor(batch["state"], dtype=torch.float32, device=dev)
         q_tot = self.mixer(q_taken, state)
         target = self.td_target(batch)
-        if c.huber_delta > 0:
-            loss = F.huber_loss(q_tot, target, delta=c.huber_delta)
-        else:
-            loss = F.mse_loss(q_tot, target)
-        grad_norm = gradient_step(
-            loss, self.params, self.optimizer, self.gradient_sync, c.max_grad_norm
-        )
-        self.version += 1
-        if self.version % c.target_update_interval == 0:
-            polyak_update(self.agent, self.agent_target, c.tau)
-            polyak_update(self.mixer, self.mixer_target, c.tau)
+        loss = td_loss(q_tot, target, c.huber_delta)
+        grad_norm = self._gradient_step(loss)
+        self._count_update()
         metrics = {
             "loss": float(loss.item()),
             "q_tot_mean": float(q_tot.mean().item()),
@@ -341,41 +248,3 @@ class QMIX:
             "epsilon": self.epsilon,
         }
         return UpdateResult(metrics=metrics, priorities=None)
-
-    def get_weights(self) -> dict[str, np.ndarray]:
-        """The agent network's weights (all an actor needs; the mixer stays on the learner)."""
-        return numpy_weights(self.agent)
-
-    def set_weights(self, weights: Mapping[str, np.ndarray], version: int) -> None:
-        """Load agent-network weights; ``version`` (learner updates) drives epsilon."""
-        load_numpy_weights(self.agent, weights)
-        self.version = version
-
-    def state_dict(self) -> dict[str, Any]:
-        """Everything a learner needs to continue (see ``tianji.rl.checkpoint``): agent network,
-        mixer, both targets, Adam's moments, the update count."""
-        return {
-            "agent": self.agent.state_dict(),
-            "agent_target": self.agent_target.state_dict(),
-            "mixer": self.mixer.state_dict(),
-            "mixer_target": self.mixer_target.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "version": self.version,
-        }
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from :meth:`state_dict` (same config and spaces)."""
-        for key in ("agent", "agent_target", "mixer", "mixer_target"):
-            getattr(self, key).load_state_dict(state[key])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.version = int(state["version"])
-
-    def buffer_spec(self) -> BufferSpec:
-        """Uniform replay over flat multi-agent transitions."""
-        c = self.config
-        return BufferSpec(
-            kind="replay",
-            capacity=c.buffer_capacity,
-            batch_size=c.batch_size,
-            min_size=c.learning_starts,
-        )

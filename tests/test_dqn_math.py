@@ -6,7 +6,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from tianji.algorithms.dqn import DQN, double_dqn_target, epsilon_at, n_step_transitions
+from tianji.algorithms._replay import epsilon_at, n_step_transitions
+from tianji.algorithms.dqn import DQN, double_dqn_target
 
 from tianji.rl.algorithm import Algorithm
 from tianji.runtime.errors import ConfigError

@@ -8,14 +8,10 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from tianji.algorithms.ppo import (
-    PPO,
-    clipped_surrogate_loss,
-    gae,
-    gaussian_entropy,
-    gaussian_log_prob,
-    value_loss,
-)
+from tianji.algorithms._distributions import gaussian_entropy, gaussian_log_prob
+from tianji.algorithms._gae import gae
+from tianji.algorithms._losses import clipped_surrogate_loss, value_loss
+from tianji.algorithms.ppo import PPO
 
 from tianji.rl.algorithm import Algorithm
 from tianji.runtime.errors import ConfigError
@@ -172,7 +168,7 @@ def test_check_spaces() -> None:
 
 
 def test_an_annealed_learning_rate_keeps_its_floor() -> None:
-    from tianji.algorithms.ppo import annealed_lr
+    from tianji.algorithms._onpolicy import annealed_lr
 
     assert annealed_lr(1e-3, 0, 200) == 1e-3
     assert annealed_lr(1e-3, 100, 200) == pytest.approx(5e-4)

@@ -8,8 +8,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from tianji.algorithms._nets import ObsNormalizer
-from tianji.algorithms.ppo import PPO, ReturnNormalizer
+from tianji.algorithms._normalize import ObsNormalizer, ReturnNormalizer
+from tianji.algorithms.ppo import PPO
 
 
 def test_the_return_normalizer_merges_batches_into_their_mean_and_variance() -> None:

@@ -227,7 +227,7 @@ def test_gradient_sync_sees_agent_and_mixer_gradients_once_per_update() -> None:
 
     algo.gradient_sync = sync
     algo.update(batch())
-    assert sizes == [sum(p.numel() for p in algo.params)]
+    assert sizes == [sum(p.numel() for p in algo.trained_parameters())]
 
 
 def test_buffer_spec_is_uniform_replay_from_the_config() -> None:

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tianji.algorithms._gae import gae
 from tianji.algorithms._vtrace import vtrace
-from tianji.algorithms.ppo import gae
 
 
 def direct(
