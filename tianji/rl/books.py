@@ -208,6 +208,8 @@ def _hop(
     final: bool,
     errors: list[str],
 ) -> _Hop:
+    """One hop's books, stream by stream: what each sender reports sent against the
+    segments of the stream its receivers (every incarnation) report having."""
     hop = _Hop(name, unit)
     receivers = list(receivers)
     sent_by: dict[int, tuple[str, int, bool]] = {}  # stream -> (sender, reported, dead)
@@ -215,8 +217,33 @@ def _hop(
         for key, value in hb.gauges.items():
             if key.startswith(BookStat.SENT):
                 sent_by[int(key[len(BookStat.SENT) :])] = (hb.name, int(value), _dead(hb))
-    # every receiver incarnation's segment of every stream: (first, next, receiver, dead)
-    segments: dict[int, list[tuple[int, int, str, bool]]] = collections.defaultdict(list)
+    segments, sender_of = _segments(hop, receivers, errors)
+    live = {hb.name for hb in receivers if not _dead(hb)}
+    dead = {hb.name for hb in receivers if _dead(hb)}
+    for stream in set(sent_by) | set(segments):
+        sender, reported, sender_dead = sent_by.get(stream, (sender_of.get(stream, "?"), 0, True))
+        segs = sorted(segments.get(stream, []))
+        top = max((nxt for _, nxt, _, _ in segs), default=0)
+        sent = max(reported, top)
+        if top > reported:  # sent after its last report (seen at the receiver)
+            _add(hop.late_dead if sender_dead else hop.late_live, sender, top - reported)
+        hop.sent += sent
+        at = _walk_segments(hop, stream, sender, segs, errors)
+        if sent > at:
+            _settle_tail(hop, (sender, sender_dead), segs, sent - at, (live, dead), final)
+    return hop
+
+
+_Segment = tuple[int, int, str, bool]  # (first, next, receiver, dead)
+
+
+def _segments(
+    hop: _Hop, receivers: list[_Beat], errors: list[str]
+) -> tuple[dict[int, list[_Segment]], dict[int, str]]:
+    """Every receiver incarnation's segment of every stream, and each stream's sender; the
+    receivers' counts go into ``hop`` (a receiver whose streams do not span what it counted
+    is an error)."""
+    segments: dict[int, list[_Segment]] = collections.defaultdict(list)
     sender_of: dict[int, str] = {}
     for hb in receivers:
         joins = {
@@ -228,65 +255,72 @@ def _hop(
                 continue
             where = key[len(BookStat.RECV) :]
             sender, _, sid = where.rpartition("/")
-            stream = int(sid)
             first = int(joins.get(where, 0))
-            segments[stream].append((first, int(value), hb.name, _dead(hb)))
-            sender_of[stream] = sender
+            segments[int(sid)].append((first, int(value), hb.name, _dead(hb)))
+            sender_of[int(sid)] = sender
             span += int(value) - first
         received = int(hb.counters.get(BookStat.RECEIVED, 0))
         lost = int(hb.counters.get(Dropped.LOST_IN_TRANSIT, 0)) + int(
             hb.counters.get(BookStat.DRAWS_LOST, 0)
         )
+        unnumbered = int(hb.counters.get(BookStat.UNNUMBERED, 0))
         hop.received += received
-        hop.unnumbered += int(hb.counters.get(BookStat.UNNUMBERED, 0))
+        hop.unnumbered += unnumbered
         hop.lost_in_transit += lost
         hop.duplicates += int(hb.counters.get(BookStat.DUPLICATES, 0))
-        numbered = received - int(hb.counters.get(BookStat.UNNUMBERED, 0))
-        if span != numbered + lost:
+        if span != received - unnumbered + lost:
             errors.append(
-                f"{hb.name}: its streams span {span} {unit} but it counted {numbered} "
-                f"received + {lost} lost in transit"
+                f"{hb.name}: its streams span {span} {hop.unit} but it counted "
+                f"{received - unnumbered} received + {lost} lost in transit"
             )
-    live_receivers = {hb.name for hb in receivers if not _dead(hb)}
-    dead_receivers = {hb.name for hb in receivers if _dead(hb)}
-    for stream in set(sent_by) | set(segments):
-        sender, reported, sender_dead = sent_by.get(stream, (sender_of.get(stream, "?"), 0, True))
-        segs = sorted(segments.get(stream, []))
-        top = max((nxt for _, nxt, _, _ in segs), default=0)
-        sent = max(reported, top)
-        if top > reported:  # sent after its last report (seen at the receiver)
-            _add(hop.late_dead if sender_dead else hop.late_live, sender, top - reported)
-        hop.sent += sent
-        at = 0  # up to where the stream is accounted for
-        before = sender  # the receiver before this one on the stream (none: the sender)
-        for first, nxt, receiver, _dead_receiver in segs:
-            if first > at:  # sent to the receiver before after its last report: lost there
-                hop.lost_in_restart += first - at
-                _add(hop.lost_by_dead, before, first - at)
-            elif first < at:
-                errors.append(
-                    f"{receiver}: joined stream {stream} of {sender} at {first}, "
-                    f"before {at} where an earlier receiver had it"
-                )
-            at = max(at, nxt)
-            before = receiver
-        tail = sent - at
-        if not tail:
-            continue
-        # the receiver it went to: the last that has the stream, or (no receiver has it yet)
-        # a live one if there is one (a new stream's first message on its way)
-        last_dead = segs[-1][3] if segs else not live_receivers
-        link = f"{sender}->{segs[-1][2] if segs else '|'.join(sorted(live_receivers))}"
-        unclaimed = final and not segs and bool(dead_receivers)  # a dead receiver's, maybe
-        if not last_dead and not (final and sender_dead) and not unclaimed:
-            hop.in_flight += tail
-            hop.live_in_flight[link] = tail
-        elif final or sender_dead:
-            hop.lost_in_restart += tail
-            _add(hop.lost_by_dead, segs[-1][2] if segs else sender, tail)
-        else:
-            hop.pending += tail
-    return hop
+    return segments, sender_of
+
+
+def _walk_segments(
+    hop: _Hop, stream: int, sender: str, segs: list[_Segment], errors: list[str]
+) -> int:
+    """Walk a stream's segments in order: a gap between two receivers was lost in the
+    restart of the first. Returns the offset up to which the stream is accounted for."""
+    at = 0
+    before = sender  # the receiver before this one on the stream (none: the sender)
+    for first, nxt, receiver, _ in segs:
+        if first > at:  # sent to the receiver before after its last report: lost there
+            hop.lost_in_restart += first - at
+            _add(hop.lost_by_dead, before, first - at)
+        elif first < at:
+            errors.append(
+                f"{receiver}: joined stream {stream} of {sender} at {first}, "
+                f"before {at} where an earlier receiver had it"
+            )
+        at = max(at, nxt)
+        before = receiver
+    return at
+
+
+def _settle_tail(
+    hop: _Hop,
+    sender: tuple[str, bool],
+    segs: list[_Segment],
+    tail: int,
+    receivers: tuple[set[str], set[str]],
+    final: bool,
+) -> None:
+    """What a stream sent beyond what any receiver has: in flight to the receiver it went to
+    (the last that has the stream or, none yet, a live one: a new stream's first message),
+    lost with a dead one, or pending until a successor joins."""
+    name, sender_dead = sender
+    live, dead = receivers
+    last_dead = segs[-1][3] if segs else not live
+    link = f"{name}->{segs[-1][2] if segs else '|'.join(sorted(live))}"
+    unclaimed = final and not segs and bool(dead)  # a dead receiver's, maybe
+    if not last_dead and not (final and sender_dead) and not unclaimed:
+        hop.in_flight += tail
+        hop.live_in_flight[link] = tail
+    elif final or sender_dead:
+        hop.lost_in_restart += tail
+        _add(hop.lost_by_dead, segs[-1][2] if segs else name, tail)
+    else:
+        hop.pending += tail
 
 
 def _add(table: dict[str, int], key: str, n: int) -> None:
@@ -366,35 +400,33 @@ def accounting(
         final,
         errors,
     )
-    dropped = dropped_by_reason({hb.name: hb for hb in beats if on_policy or hb.role != "learner"})
-    reported_restart = dropped.get("lost_in_restart", 0)
-    derived = first.lost_in_restart
-    # a dead buffer's sends after its last report left what it held (counted lost): not lost
-    outbound = sum(second.late_dead.values()) if on_policy else 0
-    if on_policy:
-        derived += second.lost_in_restart
-    restart_total = reported_restart + derived - outbound
-    dropped.pop("lost_in_restart", None)
-    if restart_total:
-        dropped = dict(sorted({**dropped, "lost_in_restart": restart_total}.items()))
-    produced = _total(by_role["actor"], ActorStat.SAMPLES_PRODUCED)
-    unreported = sum(first.late_dead.values()) + sum(first.late_live.values())
-    restored = _total(by_role["buffer"], BufferStat.SAMPLES_RESTORED)
-    consumed = _total(by_role["learner"], LearnerStat.SAMPLES_CONSUMED)
-    buffered = _total(by_role["buffer"], BufferStat.BUFFERED_SAMPLES, gauge=True)
-    # on-policy, a live buffer's batches that reached a learner after its last report
-    # (still in its reported ``buffered``)
-    taken_unreported = sum(second.late_live.values()) if on_policy else 0
-    sending = _total(by_role["actor"], ActorStat.SENDING, gauge=True)
-    in_flight = first.in_flight + first.pending
-    if on_policy:
-        held = _total(by_role["learner"], LearnerStat.HELD_SAMPLES, gauge=True)
-        sending += _total(by_role["buffer"], BufferStat.SENDING, gauge=True)
-        in_flight += second.in_flight + second.pending
-    else:
-        held = 0
     hops = {h.name: h for h in (first, second)}
-    for hop in hops.values():
+    _check_hops(hops.values(), errors)
+    dropped = dropped_by_reason({hb.name: hb for hb in beats if on_policy or hb.role != "learner"})
+    restarts = _restarts(dropped, first, second, on_policy, errors)
+    terms = _terms(by_role, first, second, on_policy)
+    accounted = terms["consumed"] if on_policy else 0
+    accounted += terms["buffered"] - terms["taken_unreported"] + terms["held"]
+    accounted += sum(dropped.values()) + terms["in_flight"] + terms["sending"]
+    came = terms["produced"] + terms["produced_unreported"] + terms["restored"]
+    if came != accounted:
+        errors.append(
+            f"produced {terms['produced']} + unreported {terms['produced_unreported']} + "
+            f"restored {terms['restored']} != accounted {accounted}"
+        )
+    return {
+        **terms,
+        "dropped": dropped,
+        "lost_in_restart": restarts,
+        "hops": {name: hop.report() for name, hop in hops.items()},
+        "final": final,
+        "balanced": not errors,
+        "errors": errors,
+    }
+
+
+def _check_hops(hops: Iterable[_Hop], errors: list[str]) -> None:
+    for hop in hops:
         counted = hop.received + hop.lost_in_transit + hop.lost_in_restart
         if hop.sent + hop.unnumbered != counted + hop.in_flight + hop.pending:
             errors.append(
@@ -402,30 +434,50 @@ def accounting(
                 f"{hop.lost_in_transit + hop.lost_in_restart} + in flight "
                 f"{hop.in_flight + hop.pending}"
             )
-    if restart_total < 0:
-        errors.append(f"lost_in_restart is negative ({restart_total})")
-    accounted = (consumed if on_policy else 0) + buffered - taken_unreported + held
-    accounted += sum(dropped.values())
-    accounted += in_flight + sending
-    if produced + unreported + restored != accounted:
-        errors.append(
-            f"produced {produced} + unreported {unreported} + restored {restored} != "
-            f"accounted {accounted}"
-        )
+
+
+def _restarts(
+    dropped: dict[str, int], first: _Hop, second: _Hop, on_policy: bool, errors: list[str]
+) -> dict[str, int]:
+    """Samples lost in restarts: what the dead reported holding, plus what the hops derive
+    (sent to or from a dead incarnation after its last report), into ``dropped``."""
+    reported = dropped.pop("lost_in_restart", 0)
+    derived = first.lost_in_restart + (second.lost_in_restart if on_policy else 0)
+    # a dead buffer's sends after its last report left what it held (counted lost): not lost
+    derived -= sum(second.late_dead.values()) if on_policy else 0
+    total = reported + derived
+    if total:
+        dropped["lost_in_restart"] = total
+        ordered = dict(sorted(dropped.items()))
+        dropped.clear()
+        dropped.update(ordered)
+    if total < 0:
+        errors.append(f"lost_in_restart is negative ({total})")
+    return {"reported": reported, "derived": derived}
+
+
+def _terms(
+    by_role: Mapping[str, list[_Beat]], first: _Hop, second: _Hop, on_policy: bool
+) -> dict[str, int]:
+    """The identity's terms but the drops (see :func:`accounting`)."""
+    actors, buffers, learners = by_role["actor"], by_role["buffer"], by_role["learner"]
+    sending = _total(actors, ActorStat.SENDING, gauge=True)
+    in_flight = first.in_flight + first.pending
+    held = 0
+    if on_policy:
+        held = _total(learners, LearnerStat.HELD_SAMPLES, gauge=True)
+        sending += _total(buffers, BufferStat.SENDING, gauge=True)
+        in_flight += second.in_flight + second.pending
     return {
-        "produced": produced,
-        "produced_unreported": unreported,
-        "restored": restored,
-        "consumed": consumed,
-        "buffered": buffered,
-        "taken_unreported": taken_unreported,
+        "produced": _total(actors, ActorStat.SAMPLES_PRODUCED),
+        "produced_unreported": sum(first.late_dead.values()) + sum(first.late_live.values()),
+        "restored": _total(buffers, BufferStat.SAMPLES_RESTORED),
+        "consumed": _total(learners, LearnerStat.SAMPLES_CONSUMED),
+        "buffered": _total(buffers, BufferStat.BUFFERED_SAMPLES, gauge=True),
+        # on-policy, a live buffer's batches that reached a learner after its last report
+        # (still in its reported ``buffered``)
+        "taken_unreported": sum(second.late_live.values()) if on_policy else 0,
         "held": held,
         "sending": sending,
-        "dropped": dropped,
         "in_flight": in_flight,
-        "lost_in_restart": {"reported": reported_restart, "derived": derived - outbound},
-        "hops": {name: hop.report() for name, hop in hops.items()},
-        "final": final,
-        "balanced": not errors,
-        "errors": errors,
     }

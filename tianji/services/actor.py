@@ -214,6 +214,35 @@ class ActorService(Service):
             self.gauges[ActorStat.PAUSED_S] = self._paused_before + waited
         return super().heartbeat()
 
+    async def _send_fragment(self, fragment: dict[str, np.ndarray], episodes: int) -> None:
+        """Count a collected fragment and publish it, numbered on our stream: sent (a
+        buffer's link took it) or unsent (no buffer connected: lost, and counted), and
+        "sending" meanwhile."""
+        actors = self.config.actors
+        version = self.fragment_version if self.remote else self.policy_version
+        samples = self.algo.postprocess(fragment)
+        produced = transitions(samples)
+        self.counters[ActorStat.ENV_STEPS] += actors.fragment_length * actors.envs_per_actor
+        self.counters[ActorStat.SAMPLES_PRODUCED] += produced
+        self.counters[ActorStat.FRAGMENTS_SENT] += 1  # in the same heartbeat as the samples
+        self.counters[ActorStat.EPISODES] += episodes
+        await publish_numbered(
+            self,
+            self.outbox,
+            self.trajectories,
+            functools.partial(
+                TrajectoryCollected, actor=self.name, policy_version=version, arrays=samples
+            ),
+            produced,
+            sending=produced,
+            sending_key=ActorStat.SENDING,
+            sent_key=ActorStat.SAMPLES_SENT,
+            unsent_key=Dropped.UNSENT,
+        )
+        self.sent_at_version += 1
+        self.gauges[ActorStat.FRAGMENTS_AT_VERSION] = self.sent_at_version
+        self.report_soon()
+
     async def main(self) -> None:
         import torch
 
@@ -232,35 +261,7 @@ class ActorService(Service):
                 await self._pace()
                 self.fragment_version = -1
                 fragment, returns, lengths = await collector.collect(act)
-                version = self.fragment_version if self.remote else self.policy_version
-                steps = actors.fragment_length * actors.envs_per_actor
-                samples = self.algo.postprocess(fragment)
-                produced = transitions(samples)
-                self.counters[ActorStat.ENV_STEPS] += steps
-                self.counters[ActorStat.SAMPLES_PRODUCED] += produced
-                self.counters[ActorStat.FRAGMENTS_SENT] += 1  # in the same heartbeat as the samples
-                self.counters[ActorStat.EPISODES] += len(returns)
-                # numbered on our stream; sent (a buffer's link took it) or unsent (no
-                # buffer connected: lost, and counted), and "sending" meanwhile
-                await publish_numbered(
-                    self,
-                    self.outbox,
-                    self.trajectories,
-                    functools.partial(
-                        TrajectoryCollected,
-                        actor=self.name,
-                        policy_version=version,
-                        arrays=samples,
-                    ),
-                    produced,
-                    sending=produced,
-                    sending_key=ActorStat.SENDING,
-                    sent_key=ActorStat.SAMPLES_SENT,
-                    unsent_key=Dropped.UNSENT,
-                )
-                self.sent_at_version += 1
-                self.gauges[ActorStat.FRAGMENTS_AT_VERSION] = self.sent_at_version
-                self.report_soon()
+                await self._send_fragment(fragment, len(returns))
                 # Local acting never suspends: yield once per fragment so new weights and
                 # the controller's commands are handled before the next fragment starts.
                 await asyncio.sleep(0)

@@ -46,7 +46,7 @@ from tianji.rl.events import (
     TakeCheckpoint,
 )
 from tianji.rl.lagstats import LagStats
-from tianji.rl.run_balance import balance_config, publish_every
+from tianji.rl.run_balance import balance_config
 from tianji.rl.stats import BookStat, Dropped, LearnerStat
 from tianji.rl.topics import (
     CHECKPOINTS,
@@ -109,11 +109,7 @@ class LearnerService(Service):
             buffer_name(s): priorities_topic(s, shards)
             for s in shards_of_learner(index, count, shards)
         }
-        topics = [REQUESTS, *sorted(set(self._priorities.values()))]
-        topics += [LEARNER_PARAMS, CHECKPOINTS] if index == 0 else []
-        if count > 1:
-            topics.append(gradients_topic(name))
-        super().__init__(name, publishes=topics, **kwargs)
+        super().__init__(name, publishes=self._topics(name, index, count), **kwargs)
         self.config = run
         self.index = index
         apply_run_options(self, self.config)
@@ -130,7 +126,7 @@ class LearnerService(Service):
         balance = balance_config(self.config, spec)
         self.max_lag = balance.staleness_bound  # older batches are dropped as stale
         self.publish_at_round_end = balance.publish_at_round_end
-        self.publish_every = publish_every(self.config, self.algo.buffer_spec())
+        self.publish_every = balance.publish_interval
         self.lag = LagStats()
         self.limit: int | None = None
         self._granted = asyncio.Event()
@@ -155,6 +151,15 @@ class LearnerService(Service):
         self._checkpointed = (0, 0.0)  # (version, loop time) of the last checkpoint
         self._updating = False  # an update runs in the worker thread: the state is in flux
         self._checkpoint_wanted = False  # requested during an update: take it right after
+
+    def _topics(self, name: str, index: int, count: int) -> list[str]:
+        """What this learner publishes: batch requests, priorities to its shards; learner-0
+        also the weights and checkpoints; with K > 1 its gradients."""
+        topics = [REQUESTS, *sorted(set(self._priorities.values()))]
+        topics += [LEARNER_PARAMS, CHECKPOINTS] if index == 0 else []
+        if count > 1:
+            topics.append(gradients_topic(name))
+        return topics
 
     def _make_allreduce(self, name: str, index: int, count: int) -> AllReduce | None:
         if not 0 <= index < count:
