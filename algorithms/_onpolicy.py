@@ -16,12 +16,14 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
+from tianji.algorithms._base import AlgorithmBase
 from tianji.algorithms._nets import as_hidden
 
 from tianji.rl.algorithm import BufferSpec
 from tianji.rl.errors import ConfigError
 
 __all__ = [
+    "OnPolicyAlgorithm",
     "OnPolicyConfig",
     "annealed_lr",
     "compact_fragment",
@@ -92,6 +94,17 @@ class OnPolicyConfig:
         for key in ("gamma", "gae_lambda", "lr_floor"):
             if not 0.0 <= getattr(self, key) <= 1.0:
                 raise ConfigError(f"algorithm.{key}", getattr(self, key), "a number in [0, 1]")
+
+
+class OnPolicyAlgorithm(AlgorithmBase):
+    """An algorithm that learns from rollouts (PPO, IMPALA, MAPPO): its buffer is a FIFO of
+    fragments, and ``fragments_per_batch`` of them make one learner batch."""
+
+    config: OnPolicyConfig
+
+    def buffer_spec(self) -> BufferSpec:
+        """A FIFO of fragments; ``fragments_per_batch`` of them make one learner batch."""
+        return rollout_spec(self.config)
 
 
 def rollout_spec(config: OnPolicyConfig) -> BufferSpec:

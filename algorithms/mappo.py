@@ -26,24 +26,24 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
-from tianji.algorithms._base import AlgorithmBase, Spaces
+from tianji.algorithms._base import Spaces
 from tianji.algorithms._distributions import head_stats, sample_categorical
 from tianji.algorithms._gae import gae
 from tianji.algorithms._losses import kl_stats, normalized, ppo_objective
 from tianji.algorithms._multiagent import agent_counts, agent_inputs
 from tianji.algorithms._nets import as_hidden, flat_dim, mlp, seeded_init
 from tianji.algorithms._onpolicy import (
+    OnPolicyAlgorithm,
     OnPolicyConfig,
     compact_fragment,
     epoch_minibatches,
     explained_variance,
-    rollout_spec,
     run_epochs,
     set_annealed_lr,
 )
 from torch import nn
 
-from tianji.rl.algorithm import BufferSpec, UpdateResult
+from tianji.rl.algorithm import UpdateResult
 
 __all__ = ["MAPPO", "MAPPOConfig", "SharedActorCentralCritic"]
 
@@ -97,7 +97,7 @@ class SharedActorCentralCritic(nn.Module):
 # --------------------------------------------------------------------------- algorithm
 
 
-class MAPPO(AlgorithmBase):
+class MAPPO(OnPolicyAlgorithm):
     """Parameter-shared PPO with a centralized critic (see :class:`MAPPOConfig`).
 
     Usage::
@@ -143,10 +143,6 @@ class MAPPO(AlgorithmBase):
         """The fragment with compact dtypes; ``agent_reward`` is left out (the team reward
         trains MAPPO)."""
         return compact_fragment(fragment, drop=("agent_reward",))
-
-    def buffer_spec(self) -> BufferSpec:
-        """A FIFO of fragments; ``fragments_per_batch`` of them make one learner batch."""
-        return rollout_spec(self.config)
 
     # ----------------------------------------------------------------- learner side
 

@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 from tianji.algorithms._actor_critic import ActorCritic, actor_critic
-from tianji.algorithms._base import AlgorithmBase, Spaces
+from tianji.algorithms._base import Spaces
 from tianji.algorithms._distributions import head_stats, sample_categorical, sample_gaussian
 from tianji.algorithms._gae import gae
 from tianji.algorithms._losses import Objective, kl_stats, normalized, ppo_objective
@@ -43,13 +43,13 @@ from tianji.algorithms._nets import (
 )
 from tianji.algorithms._normalize import ReturnNormalizer, observe_returns
 from tianji.algorithms._onpolicy import (
+    OnPolicyAlgorithm,
     OnPolicyConfig,
     compact_fragment,
     epoch_minibatches,
     explained_variance,
     flat,
     next_values,
-    rollout_spec,
     run_epochs,
     set_annealed_lr,
 )
@@ -62,7 +62,7 @@ from tianji.algorithms._recurrent import (
 )
 from tianji.algorithms._vtrace import vtrace
 
-from tianji.rl.algorithm import BufferSpec, UpdateResult
+from tianji.rl.algorithm import UpdateResult
 from tianji.rl.errors import ConfigError
 
 __all__ = ["PPO", "PPOConfig"]
@@ -145,7 +145,7 @@ class PPOConfig(OnPolicyConfig):
 # --------------------------------------------------------------------------- algorithm
 
 
-class PPO(AlgorithmBase):
+class PPO(OnPolicyAlgorithm):
     """Proximal policy optimization (see :class:`PPOConfig`).
 
     Usage::
@@ -262,10 +262,6 @@ class PPO(AlgorithmBase):
     def _load_extra_state(self, state: Mapping[str, Any]) -> None:
         if self.returns is not None and "returns" in state:
             self.returns.load(state["returns"])
-
-    def buffer_spec(self) -> BufferSpec:
-        """A FIFO of fragments; ``fragments_per_batch`` of them make one learner batch."""
-        return rollout_spec(self.config)
 
     # ----------------------------------------------------------------- learner side
 
