@@ -267,6 +267,7 @@ class _Registry(dict):  # type: ignore[type-arg]
 
 class _Monitor:
     def __init__(self) -> None:
+        self.started = time.monotonic()  # as TrainMonitor's: the run's clock
         self.first_data: float | None = None  # seconds to the first env steps reported
         self.run_failure: str | None = None
 
