@@ -161,10 +161,11 @@ def test_sync_on_policy_consumes_every_sample_with_the_policy_that_collected_it(
     assert max(r.fragments_per_version.values()) == 1, (params, r)  # one per actor per version
 
 
-@SETTINGS
+@settings(SETTINGS, max_examples=20)
 @given(on_policy_runs(mode="unbalanced"))
 def test_unbalanced_on_policy_runs_never_hold_anyone(p: SimParams) -> None:
-    params, r = simulate(dataclasses.replace(p, max_collecting=0))
+    # (short runs: unbounded actors make many events while a slow learner trains)
+    params, r = simulate(dataclasses.replace(p, max_collecting=0), batches=20)
     assert r.updates > 0 and r.paused_actor_s <= params.actors * (
         round_trip(params) + params.seconds / 100
     ), (params, r)
