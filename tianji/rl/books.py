@@ -414,9 +414,11 @@ def accounting(
             f"produced {terms['produced']} + unreported {terms['produced_unreported']} + "
             f"restored {terms['restored']} != accounted {accounted}"
         )
+    in_flight = terms.pop("in_flight")  # (the keys in the order the summary shows them)
     return {
         **terms,
         "dropped": dropped,
+        "in_flight": in_flight,
         "lost_in_restart": restarts,
         "hops": {name: hop.report() for name, hop in hops.items()},
         "final": final,
