@@ -9,6 +9,12 @@ markdown row per ``--every`` seconds of the run: wall time, env steps, frames (e
 episodes (whole games, raw scores with the Atari preset) and episodes so far; then the
 first time the mean return reached each of -20, -15, -10, 0 and 10. ``--json`` prints the
 rows as JSON instead (to plot, or to set beside another system's curve).
+
+``--sf`` reads a Sample Factory run's curve instead (the JSON that ``benchmarks/sf_runner.py
+--curve EVERY`` prints; its points are already every EVERY seconds, so the first time a mark
+was reached is the first point at or above it: a bound, at that resolution):
+
+    python benchmarks/learning_curve.py --sf docs/results/pong-learning-sf.txt --label SF
 """
 
 from __future__ import annotations
@@ -59,11 +65,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--frame-skip", type=int, default=4, help="frames per env step (4)")
     parser.add_argument("--label", default="tianji", help="the system's name in the table")
     parser.add_argument("--json", action="store_true", help="print JSON rows")
+    parser.add_argument("--sf", action="store_true", help="METRICS is sf_runner's JSON")
     args = parser.parse_args(argv)
     if not args.metrics.is_file():
         parser.error(f"no metrics file {args.metrics}")
-    rows = [json.loads(line) for line in args.metrics.read_text().splitlines() if line.strip()]
-    points = curve(rows, args.every, args.frame_skip)
+    if args.sf:
+        text = args.metrics.read_text()
+        rows = json.loads(text[text.index("{") :])["curve"]
+        points = [
+            _point({**r, "env_steps": r["frames"] // args.frame_skip}, args.frame_skip)
+            for r in rows
+        ]
+    else:
+        rows = [json.loads(line) for line in args.metrics.read_text().splitlines() if line.strip()]
+        points = curve(rows, args.every, args.frame_skip)
     if args.json:
         print(json.dumps({"label": args.label, "points": points}))
         return 0
