@@ -7,7 +7,7 @@ and seed, one run at a time (run it alone on the machine), and reads each run's 
 difference is the time from "every service registered" to the target.
 
     python benchmarks/dqn_actors.py --actors 2 32 --seeds 0 1 2 --json out.json
-    python benchmarks/dqn_actors.py --tianji /path/to/other/.venv/bin/tianji ...  # another commit
+    python benchmarks/dqn_actors.py --tianji OTHER/.venv/bin/tianji --checkout OTHER  # a commit
 
 Prints one row per run, then per actor count the median of each figure, and the ratio of
 the medians (many actors against the fewest).
@@ -27,12 +27,16 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_once(tianji: str, config: str, actors: int, seed: int, limit: float) -> dict[str, Any]:
-    """One run's figures (``error`` when it failed or reported no summary)."""
+def run_once(
+    tianji: str, config: str, actors: int, seed: int, limit: float, cwd: Path = ROOT
+) -> dict[str, Any]:
+    """One run's figures (``error`` when it failed or reported no summary). ``cwd`` is the
+    checkout ``tianji`` belongs to: its service processes start with ``python -m``, which
+    imports the package from the working directory first."""
     cmd = [tianji, "train", config, "--actors", str(actors), "--seed", str(seed)]
     cmd += ["--no-dashboard", "--run-dir", "", "--max-seconds", str(limit)]
     started = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=False)
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, check=False)
     row: dict[str, Any] = {"actors": actors, "seed": seed, "wall_s": time.monotonic() - started}
     text = proc.stdout
     at = text.find("\n{\n")
@@ -66,12 +70,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default="examples/cartpole_dqn.toml")
     parser.add_argument("--tianji", default=str(Path(sys.executable).parent / "tianji"))
     parser.add_argument("--max-seconds", type=float, default=300.0)
+    parser.add_argument(
+        "--checkout", type=Path, default=ROOT, help="the checkout --tianji belongs to (cwd)"
+    )
     parser.add_argument("--json", help="write the rows and medians here")
     args = parser.parse_args(argv)
     rows: list[dict[str, Any]] = []
     for actors in args.actors:
         for seed in args.seeds:
-            row = run_once(args.tianji, args.config, actors, seed, args.max_seconds)
+            row = run_once(
+                args.tianji, args.config, actors, seed, args.max_seconds, args.checkout
+            )
             rows.append(row)
             print(json.dumps(row), flush=True)
     table: dict[int, dict[str, Any]] = {}
