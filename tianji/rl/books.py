@@ -392,14 +392,8 @@ def accounting(
     for hb in beats:
         _service_books(hb, on_policy, errors)
     first = _hop("actor->buffer", "samples", by_role["actor"], by_role["buffer"], final, errors)
-    second = _hop(
-        "buffer->learner",
-        "samples" if on_policy else "draws",
-        by_role["buffer"],
-        by_role["learner"],
-        final,
-        errors,
-    )
+    unit = "samples" if on_policy else "draws"
+    second = _hop("buffer->learner", unit, by_role["buffer"], by_role["learner"], final, errors)
     hops = {h.name: h for h in (first, second)}
     _check_hops(hops.values(), errors)
     dropped = dropped_by_reason({hb.name: hb for hb in beats if on_policy or hb.role != "learner"})
@@ -414,7 +408,7 @@ def accounting(
             f"produced {terms['produced']} + unreported {terms['produced_unreported']} + "
             f"restored {terms['restored']} != accounted {accounted}"
         )
-    in_flight = terms.pop("in_flight")  # (the keys in the order the summary shows them)
+    in_flight = terms.pop("in_flight")  # (after dropped: the order the summary has shown)
     return {
         **terms,
         "dropped": dropped,
