@@ -153,6 +153,48 @@ def test_a_large_event_is_written_once_for_the_local_subscribers_and_sent_to_rem
     assert board and not os.path.exists(os.path.join(SHM_DIR, board))
 
 
+def test_subscribers_on_the_publishers_host_read_the_board_over_tcp_too() -> None:
+    """Locality, not the transport, decides: TCP subscribers that say they share the
+    publisher's host get references; one elsewhere gets the weights over its link."""
+    size = 2 * BOARD_MIN_BYTES
+
+    async def main() -> tuple[Service, list[Subscriber]]:
+        ctl = Controller(bind="tcp://127.0.0.1:0")
+        ctl_task = asyncio.create_task(ctl.run())
+        await ctl.wait_ready()
+        kw = {"bind": "tcp://127.0.0.1:0", "controller": ctl.address}
+        pub = Service("params-0", publishes=[LATEST_PARAMS], **kw)  # no shm listener
+        pub.share_on_board(LATEST_PARAMS)
+        subs = [Subscriber(f"actor-{i}", **kw) for i in range(2)]
+        subs.append(Subscriber("far", **kw))
+        subs[-1].locality = "another-host/net:1"
+        tasks = [asyncio.create_task(s.run()) for s in (pub, *subs)]
+        await pub.wait_subscribers(LATEST_PARAMS, len(subs))
+        for version in (1, 2, 3):
+            w = np.full(size, version, np.uint8)
+            await pub.publish(
+                ParamsPublished(policy_version=version, weights={"w": w}), LATEST_PARAMS
+            )
+        await asyncio.gather(*(s.three.wait() for s in subs))
+        for s in (*subs, pub):
+            s.stop("test over")
+        await asyncio.gather(*tasks)
+        ctl.stop("test over")
+        await ctl_task
+        return pub, subs
+
+    pub, subs = run_async(main(), timeout=60)
+    *near, far = subs
+    assert pub.counters[ServiceStat.BOARD_WRITES] == 3
+    for s in near:
+        assert [(v, w, valid) for v, w, valid in s.got] == [
+            (v, bytes([v]) * 4, True) for v in (1, 2, 3)
+        ]
+        assert s.counters[ServiceStat.BOARD_READS] == 3
+    assert far.got == [(v, bytes([v]) * 4, None) for v in (1, 2, 3)]
+    assert far.counters[ServiceStat.BOARD_READS] == 0
+
+
 def test_an_on_board_reference_survives_the_codec() -> None:
     from tianji.runtime.events import BoardPosted
 

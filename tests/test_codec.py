@@ -55,6 +55,7 @@ from tianji.runtime.events import (
     ServiceReported,
     Shutdown,
     Subscribe,
+    Want,
     WatchTopics,
     event,
     event_types,
@@ -145,6 +146,12 @@ def sample_events() -> list[Event]:
     """One populated instance of every event class declared in tianji.runtime.events."""
     return [
         Subscribe(topics=("Heartbeat", "TrajectoryCollected/actor-3")),
+        Subscribe(
+            topics=("ParamsPublished/latest",),
+            locality="h/net:1",
+            on_demand=("ParamsPublished/latest",),
+        ),
+        Want(topic="ParamsPublished/latest"),
         BoardPosted(
             topic="ParamsPublished/latest",
             board="tianji-1-2-board0a",

@@ -3,7 +3,9 @@
 The service spec arrives as JSON on stdin (never pickle). The worker asks the kernel to
 SIGTERM it when its parent dies (Linux ``PR_SET_PDEATHSIG``), turns SIGTERM/SIGINT into a
 graceful stop, runs the service and exits 0 on a clean stop, 1 on failure, 2 when the
-controller refused it (another run config: ``--digest``, see ``tianji serve``).
+controller refused it (another run config: ``--digest``, see ``tianji serve``). SIGUSR1
+writes what each of its tasks waits on to stderr
+(:func:`~tianji.runtime.loop.dump_tasks`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import sys
 
 from tianji.launch.spec import ServiceSpec, build_service
 from tianji.runtime.controller import REFUSED
-from tianji.runtime.loop import run
+from tianji.runtime.loop import dump_tasks, run
 from tianji.runtime.service import Service
 
 log = logging.getLogger("tianji.worker")
@@ -41,6 +43,7 @@ async def _serve(service: Service) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, service.stop, f"signal {signal.Signals(sig).name}")
+    loop.add_signal_handler(signal.SIGUSR1, dump_tasks, service.name)
     await service.run()
 
 

@@ -273,7 +273,6 @@ class _Ledger:
     not yet sent (``pending``), and the bound on producers collecting at once."""
 
     def __init__(self, obs: Observation, cap: int) -> None:
-        self.obs = obs
         self.cap = cap
         producers = sorted(obs.producer_versions)
         sent = obs.fragments_sent
@@ -292,6 +291,9 @@ class _Ledger:
     def give(self, producer: str, min_version: int) -> None:
         self.granted[producer] += 1
         self.pending[producer] += 1
+        # One grant covers all of a producer's unstarted fragments: within a decision its
+        # min_version only rises. Across decisions it is not floored at the last grant's: a
+        # learner resumed from a checkpoint publishes lower versions again.
         before = self.new.get(producer)
         floor = before.min_version if before is not None else 0
         self.new[producer] = Grant(self.granted[producer], max(min_version, floor))

@@ -88,6 +88,9 @@ class ActorStat:
     PARAMS_TORN: Final = "params_torn"
     """Weights loaded from the params board while the board overwrote them (newer ones were
     published meanwhile): not used; the actor waits for the newer version."""
+    PARAMS_SUPERSEDED: Final = "params_superseded"
+    """Weights received while waiting for a grant and overwritten on the params board
+    before the grant came: not loaded; the actor asks for the newest."""
     EPISODES: Final = "episodes"
     # gauges
     POLICY_VERSION: Final = "policy_version"

@@ -58,7 +58,7 @@ from tianji.run.plan import RunPlan
 from tianji.run.recovery import restart_policy
 from tianji.runtime.controller import REFUSED, RELAY_ROLE
 from tianji.runtime.errors import ConfigError, ServiceFailed
-from tianji.runtime.loop import run
+from tianji.runtime.loop import dump_tasks, run
 from tianji.runtime.service import Service
 
 __all__ = [
@@ -338,6 +338,7 @@ async def _serve(service: Service) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, service.stop, f"signal {signal.Signals(sig).name}")
+    loop.add_signal_handler(signal.SIGUSR1, dump_tasks, service.name)
     await service.run()
 
 

@@ -38,6 +38,7 @@ __all__ = [
     "ServiceReported",
     "Shutdown",
     "Subscribe",
+    "Want",
     "WatchTopics",
     "event",
     "event_info",
@@ -169,9 +170,23 @@ def event_type_of_topic(name: str) -> str:
 
 @event
 class Subscribe(Event):
-    """Command a publisher to send events on ``topics`` over this connection."""
+    """Command a publisher to send events on ``topics`` over this connection.
+    ``locality`` is the subscriber's (:func:`tianji.runtime.sharing.locality`; ``""``: not
+    said): a publisher of the same locality may send it large events as references to its
+    shared-memory board, whichever transport the connection uses. The topics also in
+    ``on_demand`` are sent only when wanted (:mod:`tianji.runtime.demand`)."""
 
     topics: tuple[str, ...]
+    locality: str = ""
+    on_demand: tuple[str, ...] = ()
+
+
+@event
+class Want(Event):
+    """Command a publisher to send the newest event of ``topic``, a topic this subscriber
+    takes on demand: the one it holds, else the next one (:mod:`tianji.runtime.demand`)."""
+
+    topic: str
 
 
 @event

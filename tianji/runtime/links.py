@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from tianji.runtime import plugins
 from tianji.runtime.core import Connection, recv_batch
 from tianji.runtime.errors import BadFrame, TianjiError
-from tianji.runtime.events import BoardPosted, Event, Subscribe
+from tianji.runtime.events import BoardPosted, Event, Subscribe, Want
 from tianji.runtime.heartbeats import ServiceStat
 from tianji.runtime.leases import Handoff
 from tianji.runtime.wiring import CONTROL, Decode, Encode, Send, ServiceOptions, Spawn
@@ -85,6 +85,8 @@ class Subscriptions:
         from_board: resolves a board reference into its event (``None``: superseded).
         report_soon: asks for a heartbeat now (a link that cannot connect is reported).
         stopping: whether the service is stopping (then no new links are made).
+        locality: gives the service's locality, told to every publisher (one of the same
+            locality sends large events through its shared-memory board).
     """
 
     def __init__(
@@ -100,13 +102,16 @@ class Subscriptions:
         from_board: FromBoard,
         report_soon: Callable[[], None],
         stopping: Callable[[], bool],
+        locality: Callable[[], str] = str,
     ) -> None:
         self.name = name
+        self.locality = locality
         self.options = options
         self.counters = counters
         self.handlers: dict[str, list[Handler[Any]]] = {}
         self.links: dict[str, Link] = {}
         self.latest_only: set[str] = set()  # topics subscribed with latest_only
+        self.on_demand: set[str] = set()  # topics taken on demand (tianji.runtime.demand)
         self.handoff = Handoff()  # zero-copy events over shm links (tianji.runtime.leases)
         self._spawn = spawn
         self._encode = encode
@@ -116,10 +121,14 @@ class Subscriptions:
         self._report_soon = report_soon
         self._stopping = stopping
 
-    def add_handler(self, name: str, handler: Handler[Any], latest_only: bool) -> bool:
+    def add_handler(
+        self, name: str, handler: Handler[Any], latest_only: bool, on_demand: bool = False
+    ) -> bool:
         """Call ``handler`` for every event of topic ``name``; True if the topic is new."""
-        if latest_only:
+        if latest_only or on_demand:
             self.latest_only.add(name)
+        if on_demand:
+            self.on_demand.add(name)
         first = name not in self.handlers
         self.handlers.setdefault(name, []).append(handler)
         return first
@@ -136,7 +145,7 @@ class Subscriptions:
             link.task = self._spawn(self._link_loop(link))
         elif new and link.conn is not None:
             conn = link.conn
-            self._spawn(self._send_quietly(conn, Subscribe(topics=tuple(sorted(new)))))
+            self._spawn(self._send_quietly(conn, self._subscribe(new)))
 
     def links_down(self) -> dict[str, str]:
         """Publisher address -> why this service cannot connect to it (see
@@ -193,6 +202,19 @@ class Subscriptions:
             if link.conn is not None:
                 depths[f"from:{link.address}"] = link.conn.statistics().recv_queue_messages
 
+    def _subscribe(self, topics: set[str]) -> Subscribe:
+        return Subscribe(
+            topics=tuple(sorted(topics)),
+            locality=self.locality(),
+            on_demand=tuple(sorted(topics & self.on_demand)),
+        )
+
+    def want(self, name: str) -> None:
+        """Ask every publisher of ``name`` (a topic taken on demand) for its newest event."""
+        for link in self.links.values():
+            if name in link.topics and link.conn is not None:
+                self._spawn(self._send_quietly(link.conn, Want(topic=name)))
+
     async def _link_loop(self, link: Link) -> None:
         delay = self.options.reconnect_min
         transport = plugins.transport_for(link.address)
@@ -207,7 +229,7 @@ class Subscriptions:
             link.up()
             link.conn = conn
             try:
-                await conn.send(self._encode(Subscribe(topics=tuple(sorted(link.topics))), CONTROL))
+                await conn.send(self._encode(self._subscribe(link.topics), CONTROL))
                 delay = self.options.reconnect_min
                 if hasattr(conn, "recv_lease_batch"):
                     await self._receive_leased(conn)
@@ -241,7 +263,9 @@ class Subscriptions:
         """Run the handlers of ``name`` on ``ev`` (resolving a board reference first)."""
         if isinstance(ev, BoardPosted):  # a large event on the publisher's board
             got = self._from_board(ev, conn.peer)
-            if got is None:
+            if got is None:  # superseded; taken on demand, the newer one must be asked for
+                if ev.topic in self.on_demand:
+                    self._spawn(self._send_quietly(conn, Want(topic=ev.topic)))
                 return
             name, ev = got
         self.counters[ServiceStat.RECEIVED] += 1

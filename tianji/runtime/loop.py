@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any, TextIO, TypeVar
 
 from tianji.runtime.errors import ConfigError
 
-__all__ = ["finished_within", "loop_factory", "run", "wait_set"]
+__all__ = ["dump_tasks", "finished_within", "loop_factory", "run", "wait_set"]
 
 T = TypeVar("T")
 
@@ -80,3 +81,21 @@ async def first_done(*aws: Coroutine[Any, Any, Any]) -> None:
     finally:
         for t in tasks:
             t.cancel()
+
+
+def dump_tasks(name: str, out: TextIO | None = None) -> None:
+    """Write what every task of the running loop waits on, innermost await last (``kill
+    -USR1`` a service process to see where a stuck one hangs)."""
+    out = out or sys.stderr
+    tasks = asyncio.all_tasks()
+    print(f"{name}: {len(tasks)} tasks", file=out)
+    for task in tasks:
+        print(f"  task {task.get_name()}:", file=out)
+        aw: Any = task.get_coro()
+        while aw is not None:
+            frame = getattr(aw, "cr_frame", None) or getattr(aw, "gi_frame", None)
+            if frame is not None:
+                code = frame.f_code
+                print(f"    {code.co_filename}:{frame.f_lineno} {code.co_qualname}", file=out)
+            aw = getattr(aw, "cr_await", None) or getattr(aw, "gi_yieldfrom", None)
+    out.flush()

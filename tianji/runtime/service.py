@@ -21,15 +21,15 @@ Usage::
     svc = Doubler("relay-0", bind="tcp://127.0.0.1:0", controller="tcp://127.0.0.1:7000")
     await svc.run()    # returns after stop(); raises ServiceFailed on failure
 
-Backpressure: ``publish`` waits while any subscriber's connection is full, and a handler that is
-slow stops its link from reading, so a slow consumer slows its producers down instead of growing
-queues. Nothing is dropped silently: events published to a topic nobody subscribes to, lost
-subscribers and bad frames are all counted in :attr:`Service.counters` and in heartbeats.
+Backpressure: ``publish`` waits while any subscriber's connection is full and a slow handler stops
+its link from reading, so a slow consumer slows its producers instead of growing queues. Nothing is
+dropped silently: events to a topic nobody subscribes to, lost subscribers and bad frames are
+counted in :attr:`Service.counters` and in heartbeats.
 
-A service keeps its lifecycle and publishing; the parts it owns get the narrow callables
-they need (:mod:`~tianji.runtime.wiring`): its subscribers (:mod:`~tianji.runtime.serving`),
-subscriptions (:mod:`~tianji.runtime.links`), controller link and heartbeats
-(:mod:`~tianji.runtime.heartbeats`) and shared-memory board (:mod:`~tianji.runtime.sharing`).
+A service keeps its lifecycle and publishing; its parts get the narrow callables they need
+(:mod:`~tianji.runtime.wiring`): subscribers (:mod:`~tianji.runtime.serving`), subscriptions
+(:mod:`~tianji.runtime.links`), controller link and heartbeats (:mod:`~tianji.runtime.heartbeats`),
+shared-memory board (:mod:`~tianji.runtime.sharing`).
 """
 
 from __future__ import annotations
@@ -53,21 +53,19 @@ from tianji.runtime.events import (
     Heartbeat,
     RegisterService,
     WatchTopics,
-    event_type_of_topic,
     topic,
 )
 from tianji.runtime.heartbeats import ControllerLink, ServiceStat, memory_gauges
 from tianji.runtime.links import E, Handler, Subscriptions
 from tianji.runtime.loop import first_done
+from tianji.runtime.publishing import Publishing
 from tianji.runtime.serving import Peers
 from tianji.runtime.sharing import BoardSharing, locality
-from tianji.runtime.wiring import CONTROL, Decode, Encode, FrameList, Messages, ServiceOptions
+from tianji.runtime.wiring import CONTROL, Decode, Encode, Messages, ServiceOptions
 
 __all__ = ["CONTROL", "Handler", "Service", "ServiceOptions", "ServiceStat"]
 
 log = logging.getLogger("tianji.service")
-
-_YIELD_EVERY = 32
 
 
 def _topic_name(t: str | type[Event]) -> str:
@@ -80,8 +78,7 @@ class Service:
     Args:
         name: unique name of the service within a run (e.g. ``"actor-3"``).
         bind: the address to listen on; port 0 / empty inproc name pick a free one.
-        controller: the controller's address, or ``None`` to wire links by hand
-            (:meth:`add_publisher`) as tests and single-process runs may.
+        controller: the controller's address (``None``: links wired by :meth:`add_publisher`).
         options: runtime knobs, see :class:`ServiceOptions`.
         publishes: topics (or event classes) this service publishes.
         advertise: the host other services should use to reach this one (registered in
@@ -134,7 +131,6 @@ class Service:
         self._stopping = asyncio.Event()
         self._changed = asyncio.Event()
         self._failure: str | None = None
-        self._unyielded = 0
         self._compose()
 
     def _compose(self) -> None:
@@ -148,10 +144,18 @@ class Service:
             on_subscribed=self.on_subscribed,
             on_request=self.on_request,
             on_peer_closed=self.on_peer_closed,
+            locality=lambda: self.locality,
         )
         self._subscribers = self._peers.by_topic  # topic -> its subscribers' connections
         self._local_peers = self._peers.local  # those on this host (board readers)
         self._board = BoardSharing(self.counters, self._local_peers, self._frames, self._decode)
+        self._publishing = Publishing(
+            self.counters,
+            self._peers,
+            encode=self._frames,
+            split=self._board.split,
+            declare=self._declare,
+        )
         self._subscriptions = Subscriptions(
             self.name,
             self.options,
@@ -163,6 +167,7 @@ class Service:
             from_board=self._board.resolve,
             report_soon=self.report_soon,
             stopping=self._stopping.is_set,
+            locality=lambda: self.locality,
         )
         self._controller = ControllerLink(
             self.name,
@@ -188,7 +193,12 @@ class Service:
         return self._state
 
     def subscribe(
-        self, topic_or_type: str | type[E], handler: Handler[E], *, latest_only: bool = False
+        self,
+        topic_or_type: str | type[E],
+        handler: Handler[E],
+        *,
+        latest_only: bool = False,
+        on_demand: bool = False,
     ) -> None:
         """Call ``handler(event)`` for every event published on the topic.
 
@@ -196,13 +206,18 @@ class Service:
         handler applies backpressure to that publisher. ``latest_only``: only the newest
         event matters (weights), so a publisher the controller no longer lists for the
         topic (e.g. replaced by this host's relay) is left at once instead of read to the
-        end of what it sends.
+        end of what it sends. ``on_demand`` (implies ``latest_only``): the publishers send
+        the first event, then one more per :meth:`want` (:mod:`tianji.runtime.demand`).
         """
         name = _topic_name(topic_or_type)
-        first = self._subscriptions.add_handler(name, handler, latest_only)
+        first = self._subscriptions.add_handler(name, handler, latest_only, on_demand)
         conn = self._controller.registered_conn()
         if first and conn is not None:
             self._spawn(self._send_quietly(conn, WatchTopics(topics=(name,))))
+
+    def want(self, topic_or_type: str | type[Event]) -> None:
+        """Ask the publishers of a topic subscribed ``on_demand`` for their newest event."""
+        self._subscriptions.want(_topic_name(topic_or_type))
 
     def add_publisher(self, topic_or_type: str | type[Event], address: str) -> None:
         """Subscribe to ``topic`` at a known publisher address (manual wiring)."""
@@ -216,33 +231,15 @@ class Service:
             topic_name: the topic; defaults to ``topic(type(ev))``.
 
         Returns:
-            How many subscribers it was delivered to (0 is counted as unsubscribed).
+            How many subscribers it was sent to now (0 with none is counted as
+            unsubscribed; one that takes the topic on demand may get it later).
         """
-        frames, conns, shared = self._prepare_publish(ev, topic_name)
-        delivered = 0
-        for conn in conns:
-            try:
-                await conn.send(
-                    shared if shared is not None and conn in self._local_peers else frames
-                )
-                delivered += 1
-            except TianjiError as exc:
-                self._peers.drop(conn, exc)
-        # A send that finds room does not suspend; yield now and then so a producer in a
-        # tight loop never starves heartbeats, control commands or signal handlers.
-        self._unyielded += 1
-        if self._unyielded >= _YIELD_EVERY or not conns:
-            self._unyielded = 0
-            await asyncio.sleep(0)
-        return delivered
+        return await self._publishing.publish(ev, topic_name)
 
     def publish_nowait(self, ev: Event, topic_name: str | None = None) -> int:
         """Like :meth:`publish` but raises :class:`~tianji.runtime.errors.WouldBlock` if any
         subscriber is full; subscribers before it in the list may already have it."""
-        frames, conns, shared = self._prepare_publish(ev, topic_name)
-        for conn in conns:
-            conn.send_nowait(shared if shared is not None and conn in self._local_peers else frames)
-        return len(conns)
+        return self._publishing.publish_nowait(ev, topic_name)
 
     def subscriber_count(self, topic_or_type: str | type[Event]) -> int:
         """Subscribers connected for the topic now (an event published now reaches them)."""
@@ -321,11 +318,9 @@ class Service:
         """Called when a peer subscribes to ``topics`` (e.g. to send it the latest state)."""
 
     async def send_to_subscriber(self, conn: Connection, ev: Event, topic_name: str) -> None:
-        """Send one event to one subscriber connection (see :meth:`on_subscribed`)."""
-        frames = self._frames(ev, topic_name)
-        shared, sent = self._board.split(topic_name, frames, [conn])
-        self.counters[ServiceStat.PUBLISHED_BYTES] += sent
-        await conn.send(frames if shared is None else shared)
+        """Send one event to one subscriber connection (see :meth:`on_subscribed`); one
+        that takes the topic on demand gets it when it wants one."""
+        await self._publishing.send_one(conn, ev, topic_name)
 
     async def on_control(self, ev: Event) -> None:
         """Handle a command from the controller other than the runtime's own."""
@@ -459,25 +454,6 @@ class Service:
 
     async def _wait_changed(self) -> None:
         await self._changed.wait()
-
-    def _prepare_publish(
-        self, ev: Event, topic_name: str | None
-    ) -> tuple[FrameList, list[Connection], FrameList | None]:
-        """The event's frames, its subscribers now and (for a topic shared on the board,
-        :meth:`share_on_board`) the reference frames for the local ones."""
-        name = topic_name or topic(type(ev))
-        if event_type_of_topic(name) != ev.TYPE:
-            raise ValueError(f"topic {name!r} does not carry {ev.TYPE} events")
-        self._declare(name)
-        self.counters[ServiceStat.PUBLISHED] += 1
-        conns = list(self._subscribers.get(name, ()))
-        frames = self._frames(ev, name)
-        if not conns:
-            self.counters["published_unsubscribed"] += 1
-            return frames, conns, None
-        shared, sent = self._board.split(name, frames, conns)
-        self.counters[ServiceStat.PUBLISHED_BYTES] += sent
-        return frames, conns, shared
 
     def _declare(self, name: str) -> None:
         """Add ``name`` to the published topics, telling the controller if connected."""

@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 from tianji.runtime import plugins
 from tianji.runtime.core import Connection, Limits, Listener
+from tianji.runtime.demand import Demand
 from tianji.runtime.errors import BadFrame, ClosedByUs, EndOfStream, TianjiError
-from tianji.runtime.events import Event, Subscribe
-from tianji.runtime.wiring import Decode, Spawn
+from tianji.runtime.events import Event, Subscribe, Want
+from tianji.runtime.wiring import Decode, FrameList, Spawn
 
 __all__ = ["Peers", "advertised"]
 
@@ -30,6 +31,8 @@ class Peers:
         decode: a service message from its frames.
         notify: wakes whoever waits for the subscribers to change.
         on_subscribed, on_request, on_peer_closed: the service's hooks.
+        locality: gives the service's locality: a subscriber that says it shares it reads large
+            events from the service's board (:mod:`tianji.runtime.sharing`).
     """
 
     def __init__(
@@ -43,12 +46,17 @@ class Peers:
         on_subscribed: Callable[[Connection, Sequence[str]], Awaitable[None]],
         on_request: Callable[[Event, Connection], Awaitable[None]],
         on_peer_closed: Callable[[Connection], Awaitable[None]],
+        locality: Callable[[], str] = str,
     ) -> None:
         self.name = name
+        self.locality = locality
         self.counters = counters
         self.by_topic: dict[str, set[Connection]] = {}
         self.peers: set[Connection] = set()
-        self.local: set[Connection] = set()  # peers that came through the local listener
+        # peers that may read this service's board: they came through the local listener
+        # or said they share its locality when they subscribed
+        self.local: set[Connection] = set()
+        self.demand = Demand(counters)  # the topics each peer takes on demand
         self.listeners: list[Listener] = []  # the listener, then the local one if any
         self._spawn = spawn
         self._decode = decode
@@ -104,10 +112,17 @@ class Peers:
                 frames = await conn.recv()
                 _, ev = self._decode(frames, conn.peer)
                 if isinstance(ev, Subscribe):
+                    if ev.locality and ev.locality == self.locality():
+                        self.local.add(conn)
                     for name in ev.topics:
                         self.by_topic.setdefault(name, set()).add(conn)
+                    self.demand.subscribe(conn, set(ev.on_demand) & set(ev.topics))
                     self._notify()
                     await self._on_subscribed(conn, ev.topics)
+                elif isinstance(ev, Want):
+                    held = self.demand.want(conn, ev.topic)
+                    if held is not None:
+                        await conn.send(held)
                 else:
                     await self._on_request(ev, conn)
         except BadFrame as exc:
@@ -119,10 +134,24 @@ class Peers:
         finally:
             self.peers.discard(conn)
             self.local.discard(conn)
+            self.demand.forget(conn)
             for conns in self.by_topic.values():
                 conns.discard(conn)
             self._notify()
             await self._on_peer_closed(conn)
+
+    def admitted(
+        self, name: str, conns: Iterable[Connection], frames: FrameList, shared: FrameList | None
+    ) -> list[tuple[Connection, FrameList]]:
+        """The subscribers an event of topic ``name`` goes to now, each with its frames
+        (``shared``, the board reference, for those on this host): all of ``conns`` but
+        those that take it on demand and want none now (it is held for them)."""
+        out = []
+        for conn in conns:
+            mine = shared if shared is not None and conn in self.local else frames
+            if self.demand.admit(conn, name, mine):
+                out.append((conn, mine))
+        return out
 
     def drop(self, conn: Connection, exc: TianjiError) -> None:
         """A send to ``conn`` failed with ``exc``: it is a subscriber no more."""

@@ -92,7 +92,10 @@ class ActorService(Service):
         self._waiting_since: float | None = None  # loop time the wait under way began
         self.gauges[ActorStat.WAITING] = 0.0
         self.outbox = Outbox()  # numbers the fragments (tianji.rl.books)
-        self.subscribe(LATEST_PARAMS, self.on_params, latest_only=True)
+        # Weights on demand: the params service sends the newest while we want them — while
+        # a grant leaves us something to collect — so an actor waiting for a grant takes one
+        # message while the learner publishes many versions (tianji.runtime.demand).
+        self.subscribe(LATEST_PARAMS, self.on_params, on_demand=True)
 
     async def on_params(self, ev: ParamsPublished) -> None:
         if ev.policy_version > max(self.policy_version, self._pending_version()):
@@ -102,13 +105,18 @@ class ActorService(Service):
             self._wake.set()
         else:
             self.counters["params_ignored"] += 1
+        if self._granted():
+            self.want(LATEST_PARAMS)  # collecting: keep the newest coming
 
     async def on_control(self, ev: Event) -> None:
         if isinstance(ev, GrantProduction):
             # The newest grant holds, lower or higher: the controller's link is ordered,
             # and a lower one takes back what was not started (a run that drains).
+            was_granted = self._granted()
             self.grant = ev
             self._revoked = not self._granted()
+            if self._granted() and not was_granted:
+                self.want(LATEST_PARAMS)  # the newest weights published while we waited
             self.gauges[ActorStat.GRANT_LIMIT] = ev.limit
             self.gauges[ActorStat.GRANT_MIN_VERSION] = ev.min_version
             self._wake.set()
@@ -155,25 +163,34 @@ class ActorService(Service):
         return self._pending.policy_version if self._pending is not None else -1
 
     def _apply_params(self) -> None:
-        if self._pending is not None:
-            if not self.remote:  # with an inference service the weights live there
-                self.algo.set_weights(self._pending.weights, self._pending.policy_version)
-                if self._pending_lease is not None and not self._pending_lease.valid():
-                    # overwritten while we copied (newer ones were published): what we
-                    # loaded may be torn; wait for the newer version, which is coming
-                    self.counters[ActorStat.PARAMS_TORN] += 1
-                    self._torn = True
-                    self._pending = None
-                    self._have_params.clear()
-                    return
-                self._torn = False
-            self.policy_version = self._pending.policy_version
-            self.gauges[ActorStat.POLICY_VERSION] = self.policy_version
-            self.sent_at_version = 0
-            self.gauges[ActorStat.FRAGMENTS_AT_VERSION] = 0
-            self._pending = None
-            self._have_params.clear()
-            self.report_soon()
+        """Load the newest weights received (with an inference service, where they live,
+        only note their version); ``_torn`` while the ones we have may not be used."""
+        pending, lease = self._pending, self._pending_lease
+        if pending is None:
+            return
+        self._pending = None
+        self._have_params.clear()
+        if not self.remote:
+            if lease is not None and not lease.valid():
+                # overwritten on the board while we waited for a grant: a newer version is
+                # out and wanted (on the grant); wait for it rather than collect with the
+                # weights loaded before
+                self.counters[ActorStat.PARAMS_SUPERSEDED] += 1
+                self._torn = True
+                return
+            self.algo.set_weights(pending.weights, pending.policy_version)
+            if lease is not None and not lease.valid():
+                # overwritten while we copied (newer ones were published): what we
+                # loaded may be torn; wait for the newer version, which is coming
+                self.counters[ActorStat.PARAMS_TORN] += 1
+                self._torn = True
+                return
+        self._torn = False
+        self.policy_version = pending.policy_version
+        self.gauges[ActorStat.POLICY_VERSION] = self.policy_version
+        self.sent_at_version = 0
+        self.gauges[ActorStat.FRAGMENTS_AT_VERSION] = 0
+        self.report_soon()
 
     def _granted(self) -> bool:
         """A fragment is granted and not sent yet."""

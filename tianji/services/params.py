@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from tianji.rl.events import ParamsPublished
 from tianji.rl.stats import ParamsStat
 from tianji.rl.topics import LATEST_PARAMS, LEARNER_PARAMS
@@ -37,6 +39,13 @@ class ParamsService(Service):
         if self.latest is not None and ev.policy_version <= self.latest.policy_version:
             self.counters["params_out_of_order"] += 1
             return
+        # Our own copy: received over shared memory, the weights view the learner's ring,
+        # and keeping them (here, and in what waits to be sent or is held for subscribers
+        # that take them on demand) would hold its space until newer ones replace them.
+        ev = ParamsPublished(
+            policy_version=ev.policy_version,
+            weights={k: np.array(v, copy=True) for k, v in ev.weights.items()},
+        )
         self.latest = ev
         self.counters[ParamsStat.PARAMS_VERSION] = ev.policy_version
         await self.publish(ev, LATEST_PARAMS)
