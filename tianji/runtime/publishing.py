@@ -85,6 +85,7 @@ class Publishing:
         a board slot is reused only for a newer event, which lets a reader that finds its
         slot overwritten wait for the newer one."""
         posted = self._posted.get(topic_name)
+        shared: FrameList | None
         if posted is not None and posted[0] is ev:
             _, frames, shared = posted
             mine = shared if conn in self._peers.local else frames
@@ -93,13 +94,18 @@ class Publishing:
             frames = self._encode(ev, topic_name)
             shared, sent = self._split(topic_name, frames, [conn])
             self.counters[ServiceStat.PUBLISHED_BYTES] += sent
-            self._remember(topic_name, ev, frames, shared)
+            if shared is not None:  # (a remote subscriber's copy does not replace it)
+                self._remember(topic_name, ev, frames, shared)
         for to, out in self._peers.admitted(topic_name, [conn], frames, shared):
             await to.send(out)
 
     def _remember(self, name: str, ev: Event, frames: FrameList, shared: FrameList | None) -> None:
-        if shared is not None:  # written on the board: the newest event of the topic there
+        """Keep the event last written on the board for ``name`` (and nothing older: an
+        event published since without a board write forgets it)."""
+        if shared is not None:
             self._posted[name] = (ev, frames, shared)
+        else:
+            self._posted.pop(name, None)
 
     def prepare(self, ev: Event, topic_name: str | None) -> list[tuple[Connection, FrameList]]:
         """The subscribers to send ``ev`` to now, each with its frames (a board reference
@@ -117,6 +123,7 @@ class Publishing:
         frames = self._encode(ev, name)
         if not conns:
             self.counters["published_unsubscribed"] += 1
+            self._posted.pop(name, None)
             return []
         shared, sent = self._split(name, frames, conns)
         self.counters[ServiceStat.PUBLISHED_BYTES] += sent
