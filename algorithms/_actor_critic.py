@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from tianji.algorithms._nets import NatureCNN, flat_dim, mlp, resolve_torso
-from tianji.algorithms._normalize import ObsNormalizer
+from tianji.algorithms._nets import mlp, resolve_torso
+from tianji.algorithms._policy_net import PolicyNetSpec
 from tianji.algorithms._recurrent import RecurrentActorCritic
 from torch import nn
 
@@ -40,57 +40,40 @@ def actor_critic(
     Raises:
         ConfigError: if ``torso`` does not suit the observations.
     """
-    image = resolve_torso("algo.torso", torso, observation_space) == "nature"
+    spec = PolicyNetSpec(
+        observation_space=observation_space,
+        out_dim=out_dim,
+        hidden=tuple(hidden),
+        image=resolve_torso("algo.torso", torso, observation_space) == "nature",
+        continuous=continuous,
+        init_log_std=init_log_std,
+        normalize_obs=normalize_obs,
+    )
     if core_hidden is None:
-        return ActorCritic(
-            observation_space, out_dim, hidden=hidden, image=image, shared=shared,
-            continuous=continuous, init_log_std=init_log_std, normalize_obs=normalize_obs,
-        )  # fmt: skip
-    return RecurrentActorCritic(
-        observation_space, out_dim, hidden=hidden, core_hidden=core_hidden, image=image,
-        continuous=continuous, init_log_std=init_log_std, normalize_obs=normalize_obs,
-    )  # fmt: skip
+        return ActorCritic(spec, shared=shared)
+    return RecurrentActorCritic(spec, core_hidden=core_hidden)
 
 
 class ActorCritic(nn.Module):
     """Policy head (logits or Gaussian mean) and value head over separate or ``shared``
     MLPs (``hidden`` sizes, tanh), or over one :class:`NatureCNN` (``image``); with
     ``normalize_obs`` an :class:`ObsNormalizer` at the input, with ``continuous`` a learned
-    ``log_std`` starting at ``init_log_std``."""
+    ``log_std`` starting at ``init_log_std`` (:class:`PolicyNetSpec`)."""
 
-    def __init__(
-        self,
-        observation_space: Any,
-        out_dim: int,
-        *,
-        hidden: Sequence[int],
-        image: bool,
-        shared: bool,
-        continuous: bool,
-        init_log_std: float = 0.0,
-        normalize_obs: bool = False,
-    ) -> None:
+    def __init__(self, spec: PolicyNetSpec, *, shared: bool) -> None:
         super().__init__()
-        hidden = tuple(hidden)
-        in_dim = flat_dim(observation_space.shape)
+        self.image = spec.image
+        self.obs_norm = spec.obs_norm()
         self.torso: nn.Module | None = None
-        self.image = image
-        self.obs_norm = (
-            ObsNormalizer.at_input(observation_space, image=image) if normalize_obs else None
-        )
-        if self.image:
-            self.torso = NatureCNN(observation_space.shape)
-            self.actor = mlp(NatureCNN.features, (), out_dim, out_gain=0.01)
-            self.critic = mlp(NatureCNN.features, (), 1, out_gain=1.0)
-        elif shared:
-            self.torso = mlp(in_dim, hidden[:-1], hidden[-1], activation=nn.Tanh, out_gain=2**0.5)
-            self.torso.append(nn.Tanh())
-            self.actor = mlp(hidden[-1], (), out_dim, out_gain=0.01)
-            self.critic = mlp(hidden[-1], (), 1, out_gain=1.0)
+        if spec.image or shared:
+            self.torso, features = spec.torso()
+            self.actor = mlp(features, (), spec.out_dim, out_gain=0.01)
+            self.critic = mlp(features, (), 1, out_gain=1.0)
         else:
-            self.actor = mlp(in_dim, hidden, out_dim, activation=nn.Tanh, out_gain=0.01)
-            self.critic = mlp(in_dim, hidden, 1, activation=nn.Tanh, out_gain=1.0)
-        self.log_std = nn.Parameter(torch.full((out_dim,), init_log_std)) if continuous else None
+            hidden = spec.hidden
+            self.actor = mlp(spec.in_dim, hidden, spec.out_dim, activation=nn.Tanh, out_gain=0.01)
+            self.critic = mlp(spec.in_dim, hidden, 1, activation=nn.Tanh, out_gain=1.0)
+        self.log_std = spec.log_std()
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(policy head output [B, A], value [B])`` for flat ``obs [B, D]``."""

@@ -16,15 +16,14 @@ whole batch from the stored states, for the values and log-probabilities of GAE/
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
-from tianji.algorithms._nets import NatureCNN, flat_dim, mlp
-from tianji.algorithms._normalize import ObsNormalizer
+from tianji.algorithms._nets import mlp
 from tianji.algorithms._onpolicy import epoch_minibatches
+from tianji.algorithms._policy_net import PolicyNetSpec
 from torch import nn
 
 from tianji.rl.errors import ConfigError
@@ -58,49 +57,20 @@ class RecurrentActorCritic(nn.Module):
     """Observation -> torso -> GRU cell -> (policy head, value head).
 
     Args:
-        observation_space: a Box; images (uint8) get :class:`NatureCNN`, anything else an
-            MLP over the flattened observation (``hidden`` sizes, tanh).
-        out_dim: the policy head's size (logits, or a Gaussian's mean).
-        hidden: MLP torso sizes (unused for images).
+        spec: the observations, the head and the torso (:class:`PolicyNetSpec`).
         core_hidden: the GRU's state size.
-        image: whether the torso is the CNN.
-        continuous: a learned log standard deviation for a Gaussian policy.
-        init_log_std: its initial value.
-        normalize_obs: standardize observations before the torso (:class:`ObsNormalizer`,
-            ``obs_norm``; its statistics are the learner's to update).
     """
 
-    def __init__(
-        self,
-        observation_space: Any,
-        out_dim: int,
-        *,
-        hidden: Sequence[int],
-        core_hidden: int,
-        image: bool,
-        continuous: bool,
-        init_log_std: float = 0.0,
-        normalize_obs: bool = False,
-    ) -> None:
+    def __init__(self, spec: PolicyNetSpec, *, core_hidden: int) -> None:
         super().__init__()
-        self.image = image
+        self.image = spec.image
         self.state_size = core_hidden
-        self.obs_norm = (
-            ObsNormalizer.at_input(observation_space, image=image) if normalize_obs else None
-        )
-        if image:
-            self.torso: nn.Module = NatureCNN(observation_space.shape)
-            features = NatureCNN.features
-        else:
-            sizes = tuple(hidden)
-            in_dim = flat_dim(observation_space.shape)
-            torso = mlp(in_dim, sizes[:-1], sizes[-1], activation=nn.Tanh, out_gain=math.sqrt(2))
-            torso.append(nn.Tanh())
-            self.torso, features = torso, sizes[-1]
+        self.obs_norm = spec.obs_norm()
+        self.torso, features = spec.torso()
         self.core = nn.GRUCell(features, core_hidden)
-        self.actor = mlp(core_hidden, (), out_dim, out_gain=0.01)
+        self.actor = mlp(core_hidden, (), spec.out_dim, out_gain=0.01)
         self.critic = mlp(core_hidden, (), 1, out_gain=1.0)
-        self.log_std = nn.Parameter(torch.full((out_dim,), init_log_std)) if continuous else None
+        self.log_std = spec.log_std()
 
     def step(
         self, obs: torch.Tensor, state: torch.Tensor
@@ -117,7 +87,11 @@ class RecurrentActorCritic(nn.Module):
         return out
 
     def unroll(
-        self, obs: torch.Tensor, state: torch.Tensor, starts: torch.Tensor, chunk: int = 2048
+        self,
+        obs: torch.Tensor,
+        state: torch.Tensor,
+        starts: torch.Tensor,
+        chunk: int = 2048,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Run ``[T, M, ...]`` observations from ``state [M, H]``, zeroing the state of a
         column where ``starts [T, M]`` says an episode begins.
@@ -164,7 +138,10 @@ def unroll_batch(
     stored = torch.as_tensor(np.asarray(batch["core_state"], np.float32), device=dev)
     starts = episode_starts(batch["terminated"], batch["truncated"]).to(dev)
     heads, values, after = net.unroll(obs.view(steps, width, *obs.shape[1:]), stored[0], starts)
-    extra = {"core_state": stored.reshape(steps * width, -1), "starts": starts.reshape(-1)}
+    extra = {
+        "core_state": stored.reshape(steps * width, -1),
+        "starts": starts.reshape(-1),
+    }
     flat_heads = heads.reshape(steps * width, -1)
     return flat_heads, values.reshape(-1), after.reshape(steps * width, -1), extra
 

@@ -20,14 +20,8 @@ from typing import Any
 
 import numpy as np
 import torch
+from tianji.algorithms import _nets as nets
 from tianji.algorithms._base import Spaces
-from tianji.algorithms._nets import (
-    box_obs_problem,
-    build_network,
-    obs_tensor,
-    resolve_torso,
-    seeded_init,
-)
 from tianji.algorithms._replay import QLearner, ReplayConfig, n_step_transitions, td_loss
 
 from tianji.rl.algorithm import BufferSpec, UpdateResult
@@ -105,18 +99,20 @@ class DQN(QLearner):
                 f"DQN needs a gymnasium.spaces.Discrete action space, got {action_space!r}; "
                 "use PPO for continuous (Box) actions"
             )
-        return box_obs_problem(observation_space)
+        return nets.box_obs_problem(observation_space)
 
     def _build(self, spaces: Spaces, seed: int) -> None:
         """The online and target Q-networks (the target starting as a copy)."""
         config, observation_space = self.config, spaces.observation
         self.n_actions = int(spaces.action.n)
         self.action_start = int(spaces.action.start)
-        torso = resolve_torso("algo.torso", config.torso, observation_space)
+        torso = nets.resolve_torso("algo.torso", config.torso, observation_space)
         self.image = torso == "nature"
-        with seeded_init(seed):
-            self.q = build_network(torso, observation_space, config.hidden, self.n_actions)
-            self.q_target = build_network(torso, observation_space, config.hidden, self.n_actions)
+        with nets.seeded_init(seed):
+            self.q = nets.build_network(torso, observation_space, config.hidden, self.n_actions)
+            self.q_target = nets.build_network(
+                torso, observation_space, config.hidden, self.n_actions
+            )
         self.q.to(self.device)
         self.q_target.to(self.device)
         self._init_targets()
@@ -125,7 +121,10 @@ class DQN(QLearner):
         """Epsilon-greedy (``explore``) or greedy actions for ``obs [N, ...]``."""
         with torch.no_grad():
             greedy = (
-                self.q(obs_tensor(obs, self.device, image=self.image)).argmax(dim=1).cpu().numpy()
+                self.q(nets.obs_tensor(obs, self.device, image=self.image))
+                .argmax(dim=1)
+                .cpu()
+                .numpy()
             )
         if explore:
             greedy = self._explore(greedy)
@@ -139,10 +138,10 @@ class DQN(QLearner):
         """One gradient step on a replay batch; returns metrics and, if prioritized, priorities."""
         c, dev = self.config, self.device
         action = torch.as_tensor(batch["action"], dtype=torch.int64, device=dev)
-        q = self.q(obs_tensor(batch["obs"], dev, image=self.image))
+        q = self.q(nets.obs_tensor(batch["obs"], dev, image=self.image))
         q_taken = q.gather(1, (action - self.action_start)[:, None]).squeeze(1)
         with torch.no_grad():
-            next_obs = obs_tensor(batch["next_obs"], dev, image=self.image)
+            next_obs = nets.obs_tensor(batch["next_obs"], dev, image=self.image)
             next_target = self.q_target(next_obs)
             target = double_dqn_target(
                 torch.as_tensor(batch["reward"], dtype=torch.float32, device=dev),

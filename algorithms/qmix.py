@@ -45,18 +45,23 @@ class QMIXConfig(ReplayConfig):
     (``n_step`` sums *team* rewards; the target update and ``max_grad_norm`` cover agent
     network and mixer together), and the mixer's fields."""
 
+    # the targets: a short horizon, team rewards scaled
     gamma: float = 0.9
-    hidden: Sequence[int] = (64, 64)
-    buffer_capacity: int = 100_000
-    target_update_interval: int = 200
-    epsilon_end: float = 0.02
-    epsilon_decay_updates: int = 2_000
     reward_scale: float = 0.1
     """Team rewards are multiplied by this in the target (keeps Q near unit scale)."""
+
+    # the networks: a small agent network and the mixer
+    hidden: Sequence[int] = (64, 64)
     mixing_embed: int = 32
     """Width of the mixer's hidden layer (the ELU layer between Q_agents and Q_tot)."""
     hypernet_hidden: int = 64
     """Hidden width of the hypernetworks that produce the mixing weights."""
+
+    # replay and exploration
+    buffer_capacity: int = 100_000
+    target_update_interval: int = 200
+    epsilon_end: float = 0.02
+    epsilon_decay_updates: int = 2_000
 
     def __post_init__(self) -> None:
         ReplayConfig.__post_init__(self)

@@ -1,0 +1,67 @@
+"""What both actor-critic networks (:class:`~tianji.algorithms._actor_critic.ActorCritic`,
+:class:`~tianji.algorithms._recurrent.RecurrentActorCritic`) are built from: a
+:class:`PolicyNetSpec` and the parts it makes."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from tianji.algorithms._nets import NatureCNN, flat_dim, mlp
+from tianji.algorithms._normalize import ObsNormalizer
+from torch import nn
+
+__all__ = ["PolicyNetSpec"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class PolicyNetSpec:
+    """An actor-critic's inputs and outputs.
+
+    Attributes:
+        observation_space: a Box; images (uint8) get :class:`NatureCNN`, anything else an
+            MLP over the flattened observation (``hidden`` sizes, tanh).
+        out_dim: the policy head's size (logits, or a Gaussian's mean).
+        hidden: MLP torso sizes (unused for images).
+        image: whether the torso is the CNN.
+        continuous: a learned log standard deviation for a Gaussian policy.
+        init_log_std: its initial value.
+        normalize_obs: standardize observations before the torso (:class:`ObsNormalizer`,
+            ``obs_norm``; its statistics are the learner's to update).
+    """
+
+    observation_space: Any
+    out_dim: int
+    hidden: tuple[int, ...]
+    image: bool
+    continuous: bool
+    init_log_std: float = 0.0
+    normalize_obs: bool = False
+
+    @property
+    def in_dim(self) -> int:
+        """The flattened observation's size."""
+        return flat_dim(self.observation_space.shape)
+
+    def obs_norm(self) -> ObsNormalizer | None:
+        """The input normalizer, if ``normalize_obs``."""
+        if not self.normalize_obs:
+            return None
+        return ObsNormalizer.at_input(self.observation_space, image=self.image)
+
+    def log_std(self) -> nn.Parameter | None:
+        """The Gaussian's learned log standard deviation, if ``continuous``."""
+        if not self.continuous:
+            return None
+        return nn.Parameter(torch.full((self.out_dim,), self.init_log_std))
+
+    def torso(self) -> tuple[nn.Module, int]:
+        """One torso for both heads and its feature size: the CNN for images, else a tanh
+        MLP ending in ``hidden[-1]`` features."""
+        if self.image:
+            return NatureCNN(self.observation_space.shape), NatureCNN.features
+        sizes = self.hidden
+        torso = mlp(self.in_dim, sizes[:-1], sizes[-1], activation=nn.Tanh, out_gain=2**0.5)
+        torso.append(nn.Tanh())
+        return torso, sizes[-1]
