@@ -28,13 +28,21 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_once(
-    tianji: str, config: str, actors: int, seed: int, limit: float, cwd: Path = ROOT
+    tianji: str,
+    config: str,
+    actors: int,
+    seed: int,
+    limit: float,
+    cwd: Path = ROOT,
+    sets: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """One run's figures (``error`` when it failed or reported no summary). ``cwd`` is the
     checkout ``tianji`` belongs to: its service processes start with ``python -m``, which
     imports the package from the working directory first."""
     cmd = [tianji, "train", config, "--actors", str(actors), "--seed", str(seed)]
     cmd += ["--no-dashboard", "--run-dir", "", "--max-seconds", str(limit)]
+    for setting in sets:
+        cmd += ["--set", setting]
     started = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, check=False)
     row: dict[str, Any] = {"actors": actors, "seed": seed, "wall_s": time.monotonic() - started}
@@ -55,6 +63,8 @@ def run_once(
         learner_idle_s=controller.get("learner_idle_s"),
         updates=summary.get("learner_updates"),
     )
+    if row["from_up_s"] and row["updates"] is not None:  # the run stops at the target
+        row["updates_per_s"] = round(row["updates"] / row["from_up_s"], 1)
     return row
 
 
@@ -74,29 +84,46 @@ def main(argv: list[str] | None = None) -> int:
         "--checkout", type=Path, default=ROOT, help="the checkout --tianji belongs to (cwd)"
     )
     parser.add_argument("--json", help="write the rows and medians here")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config override for every run, e.g. 'stop.on=\"eval\"' (repeatable)",
+    )
     args = parser.parse_args(argv)
     rows: list[dict[str, Any]] = []
     for actors in args.actors:
         for seed in args.seeds:
             row = run_once(
-                args.tianji, args.config, actors, seed, args.max_seconds, args.checkout
+                args.tianji,
+                args.config,
+                actors,
+                seed,
+                args.max_seconds,
+                args.checkout,
+                tuple(args.set),
             )
             rows.append(row)
             print(json.dumps(row), flush=True)
     table: dict[int, dict[str, Any]] = {}
     for actors in args.actors:
         mine = [r for r in rows if r["actors"] == actors and "error" not in r]
-        keys = ("time_to_target_s", "all_up_s", "from_up_s", "pause_s_total")
+        keys = ("time_to_target_s", "all_up_s", "from_up_s", "pause_s_total", "updates")
+        keys += ("updates_per_s",)
         table[actors] = {k: medians(mine, k) for k in keys}
         table[actors]["reached"] = sum(r.get("time_to_target_s") is not None for r in mine)
         table[actors]["runs"] = len([r for r in rows if r["actors"] == actors])
     fewest = min(args.actors)
-    print("| actors | reached | from launch, median s | all up, median s | from all up, median s |")
-    print("| --- | --- | --- | --- | --- |")
+    print(
+        "| actors | reached | from launch, median s | all up, median s | from all up, median s "
+        "| updates to target, median | learner updates/s from all up, median |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for actors, t in table.items():
         print(
             f"| {actors} | {t['reached']}/{t['runs']} | {t['time_to_target_s']} | {t['all_up_s']} "
-            f"| {t['from_up_s']} |"
+            f"| {t['from_up_s']} | {t['updates']} | {t['updates_per_s']} |"
         )
     ratios = {}
     for actors in args.actors:
@@ -105,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
             ratios[str(actors)] = round(mine / base, 2)
             print(f"{actors} actors / {fewest} actors, from all up: {ratios[str(actors)]}x")
     if args.json:
-        out = {"config": args.config, "tianji": args.tianji, "rows": rows, "medians": table}
+        out = {"config": args.config, "tianji": args.tianji, "sets": args.set, "rows": rows}
+        out["medians"] = table
         out["ratio_from_up"] = ratios
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
     return 0

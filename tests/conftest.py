@@ -29,6 +29,8 @@ from tianji.transports._shmring import PREFIX, SHM_DIR
 
 from tianji.rl.config import RUN_DIR_ENV
 
+pytest_plugins = ["transport_harness"]  # the transports as fixtures (scheme, raw_scheme)
+
 MARKER = "TIANJI_TEST_SESSION"
 BENCHMARKS = str(Path(__file__).resolve().parents[1] / "benchmarks")
 if BENCHMARKS not in sys.path:

@@ -11,7 +11,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tianji.rl.balance import UNLIMITED, BalanceConfig, BalancePolicy, Decision, Grant, Observation
+from tianji.rl.balance import (
+    UNLIMITED,
+    BalanceConfig,
+    BalancePolicy,
+    Decision,
+    Grant,
+    Mode,
+    Observation,
+)
 from tianji.rl.lagstats import stale_mask
 from tianji.runtime.errors import ConfigError
 
@@ -455,3 +463,11 @@ def test_a_sync_replay_round_keeps_its_grant_until_its_updates_are_done() -> Non
     # the actors got v40 and sent one fragment each: the next round
     nxt = dataclasses.replace(done, producer_versions={"actor-0": 40, "actor-1": 40})
     assert policy.decide(nxt).consume_limit == 4096 + 16 * 128
+
+
+def test_producers_take_weights_only_on_a_grant_where_the_collect_bound_idles_them() -> None:
+    replay = BalanceConfig(on_policy=False, max_collecting=2)
+    assert replay.weights_on_grant
+    assert not BalanceConfig(on_policy=False, max_collecting=0).weights_on_grant
+    assert not BalanceConfig(on_policy=False, max_collecting=2, mode=Mode.SYNC).weights_on_grant
+    assert not BalanceConfig(on_policy=True, max_collecting=2).weights_on_grant

@@ -193,6 +193,14 @@ class BalanceConfig:
         return self.mode is Mode.SYNC and not self.on_policy
 
     @property
+    def weights_on_grant(self) -> bool:
+        """Producers need weights only once granted: relaxed replay with a bound on the
+        producers collecting at once, where most wait for a grant, possibly long, and any
+        weights do (``min_version`` 0). Elsewhere a waiting producer is about to need the
+        newest weights (on-policy grants ask for them), so it takes every version."""
+        return not self.on_policy and self.mode is Mode.RELAXED and self.max_collecting > 0
+
+    @property
     def limits_consumption(self) -> bool:
         """Whether learners get a consumption limit (off-policy, but not unbalanced)."""
         return not self.on_policy and self.mode is not Mode.UNBALANCED

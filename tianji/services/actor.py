@@ -20,6 +20,7 @@ from tianji.rl.events import (
     ParamsPublished,
     TrajectoryCollected,
 )
+from tianji.rl.run_balance import balance_config
 from tianji.rl.slots import StateSlots
 from tianji.rl.stats import ActorStat, Dropped
 from tianji.rl.topics import (
@@ -93,8 +94,11 @@ class ActorService(Service):
         self.gauges[ActorStat.WAITING] = 0.0
         self.outbox = Outbox()  # numbers the fragments (tianji.rl.books)
         # Weights on demand: the params service sends the newest while we want them — while
-        # a grant leaves us something to collect — so an actor waiting for a grant takes one
-        # message while the learner publishes many versions (tianji.runtime.demand).
+        # a grant leaves us something to collect, or always where a waiting actor is about
+        # to need the newest (BalanceConfig.weights_on_grant) — so an actor waiting for a
+        # grant takes one message while the learner publishes many (tianji.runtime.demand).
+        balance = balance_config(self.config, self.algo.buffer_spec())
+        self.weights_on_grant = balance.weights_on_grant
         self.subscribe(LATEST_PARAMS, self.on_params, on_demand=True)
 
     async def on_params(self, ev: ParamsPublished) -> None:
@@ -105,8 +109,8 @@ class ActorService(Service):
             self._wake.set()
         else:
             self.counters["params_ignored"] += 1
-        if self._granted():
-            self.want(LATEST_PARAMS)  # collecting: keep the newest coming
+        if self._granted() or not self.weights_on_grant:
+            self.want(LATEST_PARAMS)  # collecting (or about to): keep the newest coming
 
     async def on_control(self, ev: Event) -> None:
         if isinstance(ev, GrantProduction):
