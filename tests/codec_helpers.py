@@ -133,7 +133,12 @@ RNG = np.random.default_rng(1234)
 
 
 def sample_events() -> list[Event]:
-    """One populated instance of every event class declared in tianji.runtime.events."""
+    """One populated instance of every event class declared in tianji.runtime.events and
+    tianji.rl.events."""
+    return [*_runtime_samples(), *_rl_samples(), *_rl_commands()]
+
+
+def _runtime_samples() -> list[Event]:
     return [
         Subscribe(topics=("Heartbeat", "TrajectoryCollected/actor-3")),
         Subscribe(
@@ -169,6 +174,32 @@ def sample_events() -> list[Event]:
             queue_depths={},
             sent_at=1712345678.25,
         ),
+        ServiceReported(
+            name="learner-0",
+            status="ok",
+            summary={"return_mean": 195.5, "steps": 100_000, "curve": ((0, 9.5), (1000, 22.0))},
+        ),
+        Shutdown(reason="done"),
+        ArraysPublished(
+            seq=7,
+            policy_version=3,
+            arrays={
+                "f32": RNG.standard_normal((4, 5), dtype=np.float32),
+                "u8": RNG.integers(0, 255, size=(2, 3, 4), dtype=np.uint8),
+                "scalar": np.array(2.5),
+                "empty": np.zeros((0, 3), dtype=np.int64),
+            },
+            meta={
+                "env": "CartPole-v1",
+                "nested": {"tuple": (1, 2.5, "three", None, True, b"\x00\xff"), "deep": {"x": ()}},
+                "array_in_meta": (np.arange(3, dtype=np.int16),),
+            },
+        ),
+    ]
+
+
+def _rl_samples() -> list[Event]:
+    return [
         EpisodesFinished(
             actor="actor-1",
             policy_version=3,
@@ -182,10 +213,6 @@ def sample_events() -> list[Event]:
             returns=np.array([500.0, 480.5]),
             lengths=np.array([500, 481], np.int64),
         ),
-        BatchRequested(learner="learner-0", count=2, learner_version=17),
-        CheckpointTaken(policy_version=40, state=np.frombuffer(b"packed state", np.uint8)),
-        RestoreCheckpoint(policy_version=40, state=np.frombuffer(b"packed", np.uint8)),
-        TakeCheckpoint(reason="complete"),
         ComputeActions(
             actor="actor-0",
             request_id=7,
@@ -212,35 +239,6 @@ def sample_events() -> list[Event]:
             grads=RNG.standard_normal(10, dtype=np.float32),
             digest="0f1e2d3c",
         ),
-        PrioritiesUpdated(
-            policy_version=17,
-            indices=np.array([3, 9], np.int64),
-            priorities=np.array([0.5, 1.5], np.float32),
-        ),
-        ServiceReported(
-            name="learner-0",
-            status="ok",
-            summary={"return_mean": 195.5, "steps": 100_000, "curve": ((0, 9.5), (1000, 22.0))},
-        ),
-        Shutdown(reason="done"),
-        GrantProduction(limit=0, min_version=0, reason="draining before the run stops"),
-        GrantConsumption(limit=4096, reason="consumed 3968 in [3000, 4096]"),
-        GrantProduction(limit=12, min_version=5, reason="3/4 fragments outstanding"),
-        ArraysPublished(
-            seq=7,
-            policy_version=3,
-            arrays={
-                "f32": RNG.standard_normal((4, 5), dtype=np.float32),
-                "u8": RNG.integers(0, 255, size=(2, 3, 4), dtype=np.uint8),
-                "scalar": np.array(2.5),
-                "empty": np.zeros((0, 3), dtype=np.int64),
-            },
-            meta={
-                "env": "CartPole-v1",
-                "nested": {"tuple": (1, 2.5, "three", None, True, b"\x00\xff"), "deep": {"x": ()}},
-                "array_in_meta": (np.arange(3, dtype=np.int16),),
-            },
-        ),
         TrajectoryCollected(
             actor="actor-3",
             policy_version=9,
@@ -255,4 +253,21 @@ def sample_events() -> list[Event]:
             policy_version=10,
             weights={"w": RNG.standard_normal((8, 4)), "b": np.zeros(4, dtype=np.float32)},
         ),
+    ]
+
+
+def _rl_commands() -> list[Event]:
+    return [
+        PrioritiesUpdated(
+            policy_version=17,
+            indices=np.array([3, 9], np.int64),
+            priorities=np.array([0.5, 1.5], np.float32),
+        ),
+        BatchRequested(learner="learner-0", count=2, learner_version=17),
+        CheckpointTaken(policy_version=40, state=np.frombuffer(b"packed state", np.uint8)),
+        RestoreCheckpoint(policy_version=40, state=np.frombuffer(b"packed", np.uint8)),
+        TakeCheckpoint(reason="complete"),
+        GrantProduction(limit=0, min_version=0, reason="draining before the run stops"),
+        GrantConsumption(limit=4096, reason="consumed 3968 in [3000, 4096]"),
+        GrantProduction(limit=12, min_version=5, reason="3/4 fragments outstanding"),
     ]

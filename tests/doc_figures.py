@@ -163,15 +163,11 @@ def split_blocks(text: str) -> list[Block]:
             level = len(stripped) - len(stripped.lstrip("#"))
             blocks.append(Block(number, level, "heading", stripped.lstrip("#").strip()))
             continue
-        if stripped.startswith("|"):
-            if kind != "table":
+        if stripped.startswith("|") or _ITEM.match(line):  # a table row, or a list item
+            row = stripped.startswith("|")
+            if not row or kind != "table":  # (a table goes on; each item starts a block)
                 flush()
-                kind, start = "table", number
-            lines.append(line)
-            continue
-        if _ITEM.match(line):
-            flush()
-            kind, start = "item", number
+                kind, start = ("table" if row else "item"), number
             lines.append(line)
             continue
         if kind == "table":

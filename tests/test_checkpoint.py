@@ -352,6 +352,12 @@ def test_a_run_stopped_with_ctrl_c_resumes_from_its_checkpoint_and_reaches_its_t
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     summary = json.loads((tmp_path / "s.json").read_text())
     assert summary["stop_reason"] == "target_return reached"
+    _check_the_resumed_run(summary, newest, run, rows_before)
+    _check_the_final_checkpoint_plays(summary, newest, run, tmp_path)
+
+
+def _check_the_resumed_run(summary: Any, newest: Any, run: Path, rows_before: int) -> None:
+    """It went on from the checkpoint: policy version, env steps, episodes and metrics."""
     resumed = summary["resumed_from"]
     assert resumed["checkpoint"] == str(newest.path)
     assert resumed["policy_version"] == newest.policy_version
@@ -367,7 +373,9 @@ def test_a_run_stopped_with_ctrl_c_resumes_from_its_checkpoint_and_reaches_its_t
     assert all(r["learner_updates"] >= newest.policy_version for r in after)
     assert json.loads((run / "summary.json").read_text())["resumed_from"] == resumed
 
-    # the clean stop left a last checkpoint; tianji eval plays it greedily
+
+def _check_the_final_checkpoint_plays(summary: Any, newest: Any, run: Path, tmp_path: Path) -> None:
+    """The clean stop left a last checkpoint; tianji eval plays it greedily."""
     final = read_checkpoint(latest_checkpoint(run))
     assert summary["checkpoints"]["latest"] == str(final.path)
     assert newest.policy_version < final.policy_version <= summary["learner_updates"]

@@ -182,36 +182,9 @@ def test_dqn_on_three_hosts_reaches_300_through_kills_and_a_cut_and_a_run_with_n
     outage: dict[str, float] = {}
 
     killed: list[str] = []
-
-    def cut_link() -> None:
-        # Once the learner is learning, kill the buffer's and actor-1's processes, and
-        # once a checkpoint is there the learner's (their supervisors start new ones; the
-        # learner resumes from the checkpoint); later take host b off the network for 5 s.
-        deadline = time.monotonic() + 200
-        at_kill = 0  # learner updates when the learner was killed
-        while time.monotonic() < deadline and ctl.poll() is None:
-            rows = metrics.read_text().splitlines() if metrics.exists() else []
-            updates = json.loads(rows[-1])["learner_updates"] if rows else 0
-            if updates >= 50 and not killed:
-                for name in ("buffer-0", "actor-1"):
-                    os.kill(_serving_pid(tmp_path / f"{name}.log"), signal.SIGKILL)
-                    killed.append(name)
-            checkpoints = list(tmp_path.glob("runs/*/checkpoints/ckpt-*.tjc"))
-            if updates >= 100 and checkpoints and "learner-0" not in killed:
-                os.kill(_serving_pid(tmp_path / "learner-0.log"), signal.SIGKILL)
-                killed.append("learner-0")
-                at_kill = updates
-            # the cut comes once the new learner learns (actors wait while it resumes)
-            if "learner-0" in killed and updates >= at_kill + 30:
-                hosts.cut("b", up=False)
-                outage["down"] = time.time()
-                time.sleep(5)
-                hosts.cut("b", up=True)
-                outage["up"] = time.time()
-                return
-            time.sleep(0.5)
-
-    cutter = threading.Thread(target=cut_link)
+    cutter = threading.Thread(
+        target=_kill_then_cut, args=(hosts, tmp_path, ctl, metrics, killed, outage)
+    )
     cutter.start()
     try:
         trap_code = trap.wait(120)
@@ -221,15 +194,7 @@ def test_dqn_on_three_hosts_reaches_300_through_kills_and_a_cut_and_a_run_with_n
     summary = finish(ctl, services, tmp_path)
     cutter.join()
 
-    trap_log = (tmp_path / "trap" / "controller.log").read_text()
-    assert trap_code == 2, f"trap controller exit code {trap_code}\n{trap_log[-4000:]}"
-    assert took < 90, f"the trap run took {took:.0f} s to stop\n{trap_log[-2000:]}"
-    assert "no env step" in trap_log and f"tcp://{wrong}:" in trap_log, trap_log[-4000:]
-    trap_summary = json.loads((tmp_path / "trap" / "summary.json").read_text())
-    assert f"tcp://{wrong}:" in trap_summary["stop_reason"], trap_summary["stop_reason"]
-    assert trap_summary["env_steps"] == 0
-    for proc in trap_services:
-        assert proc.wait(30) == 0, "a service of the trap run did not stop cleanly"
+    _check_the_trap(tmp_path / "trap", trap_code, took, trap_services, wrong)
     assert "up" in outage, "the run ended before the link could be cut"
     assert killed == ["buffer-0", "actor-1", "learner-0"]
     restarts = {"buffer-0": 1, "actor-1": 1, "learner-0": 1}
@@ -238,6 +203,68 @@ def test_dqn_on_three_hosts_reaches_300_through_kills_and_a_cut_and_a_run_with_n
     assert learner["restored_version"] > 0, learner  # resumed from the checkpoint
     lost = summary["accounting"]["dropped"].get("lost_in_restart", 0)  # type: ignore[index]
     assert lost > 0, summary["accounting"]  # what the dead buffer held, counted
+    _check_the_outage(metrics, outage, summary)
+
+
+def _kill_then_cut(
+    hosts: Hosts,
+    tmp_path: Path,
+    ctl: subprocess.Popen[bytes],
+    metrics: Path,
+    killed: list[str],
+    outage: dict[str, float],
+) -> None:
+    """Once the learner is learning, kill the buffer's and actor-1's processes, and once a
+    checkpoint is there the learner's (their supervisors start new ones; the learner
+    resumes from the checkpoint); later take host b off the network for 5 s."""
+    deadline = time.monotonic() + 200
+    at_kill = 0  # learner updates when the learner was killed
+    while time.monotonic() < deadline and ctl.poll() is None:
+        rows = metrics.read_text().splitlines() if metrics.exists() else []
+        updates = json.loads(rows[-1])["learner_updates"] if rows else 0
+        if updates >= 50 and not killed:
+            for name in ("buffer-0", "actor-1"):
+                os.kill(_serving_pid(tmp_path / f"{name}.log"), signal.SIGKILL)
+                killed.append(name)
+        checkpoints = list(tmp_path.glob("runs/*/checkpoints/ckpt-*.tjc"))
+        if updates >= 100 and checkpoints and "learner-0" not in killed:
+            os.kill(_serving_pid(tmp_path / "learner-0.log"), signal.SIGKILL)
+            killed.append("learner-0")
+            at_kill = updates
+        # the cut comes once the new learner learns (actors wait while it resumes)
+        if "learner-0" in killed and updates >= at_kill + 30:
+            hosts.cut("b", up=False)
+            outage["down"] = time.time()
+            time.sleep(5)
+            hosts.cut("b", up=True)
+            outage["up"] = time.time()
+            return
+        time.sleep(0.5)
+
+
+def _check_the_trap(
+    trap: Path,
+    code: int | None,
+    took: float,
+    services: list[subprocess.Popen[bytes]],
+    wrong: str,
+) -> None:
+    """The run whose only actor registered an unreachable address stopped within 90 s,
+    naming the address, with no env step and every service stopped cleanly."""
+    log = (trap / "controller.log").read_text()
+    assert code == 2, f"trap controller exit code {code}\n{log[-4000:]}"
+    assert took < 90, f"the trap run took {took:.0f} s to stop\n{log[-2000:]}"
+    assert "no env step" in log and f"tcp://{wrong}:" in log, log[-4000:]
+    summary = json.loads((trap / "summary.json").read_text())
+    assert f"tcp://{wrong}:" in summary["stop_reason"], summary["stop_reason"]
+    assert summary["env_steps"] == 0
+    for proc in services:
+        assert proc.wait(30) == 0, "a service of the trap run did not stop cleanly"
+
+
+def _check_the_outage(metrics: Path, outage: dict[str, float], summary: Any) -> None:
+    """During the outage nothing of host b's actor arrives while host c's keeps coming;
+    after it, host b's actor is back (its links survived the outage or were made again)."""
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
     before = [r for r in rows if r["unix"] <= outage["down"]]
     during = [r for r in rows if outage["down"] + 1 < r["unix"] < outage["up"]]
@@ -247,8 +274,6 @@ def test_dqn_on_three_hosts_reaches_300_through_kills_and_a_cut_and_a_run_with_n
     def steps(row: dict[str, dict[str, int]], actor: str = "actor-0") -> int:
         return row["env_steps_by_actor"].get(actor, 0)
 
-    # During the outage nothing of host b's actor arrives while host c's keeps coming; after
-    # it, host b's actor is back (its links survived the outage or were made again).
     assert during, "no metrics row fell inside the outage"
     assert len({steps(r) for r in during}) == 1, [steps(r) for r in during]
 
@@ -266,6 +291,6 @@ def test_dqn_on_three_hosts_reaches_300_through_kills_and_a_cut_and_a_run_with_n
     seen = [(steps(r, "actor-1"), paused_s(r)) for r in before[-3:] + during]
     assert advanced or held or (not same and len(during) == 1), seen  # (1 row: no baseline)
     assert steps(after[-1]) > steps(during[-1])
-    assert summary["env_steps_by_actor"]["actor-0"] > steps(during[-1])  # type: ignore[index]
+    assert summary["env_steps_by_actor"]["actor-0"] > steps(during[-1])
     by_actor = summary["env_steps_by_actor"]
-    assert set(by_actor) == {"actor-0", "actor-1"}  # type: ignore[arg-type]
+    assert set(by_actor) == {"actor-0", "actor-1"}

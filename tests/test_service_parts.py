@@ -233,22 +233,34 @@ def test_the_controller_link_registers_watches_and_hands_on_what_the_controller_
             ("stop", "done"),
         ]
         assert link.complete()
-        link.report_soon()
-        assert WIRE.decode(await conn.recv(), "c")[1] == beat
-        assert counters["heartbeats_sent"] == 1
-        await link.send(ServiceReported(name="svc", status="ok", summary={}))
-        assert WIRE.decode(await conn.recv(), "c")[1].TYPE == "ServiceReported"
-        stopping.set()
-        goodbye = asyncio.ensure_future(link.goodbye())  # the last heartbeat, then close
-        assert WIRE.decode(await conn.recv(), "c")[1] == beat
-        with pytest.raises(EndOfStream):
-            await conn.recv()
-        await conn.aclose()
-        await goodbye
+        await reports_then_goodbye(link, conn, beat, counters, stopping)
         await tasks.cancel()
         await listener.aclose()
 
     run_async(main())
+
+
+async def reports_then_goodbye(
+    link: ControllerLink,
+    conn: Any,
+    beat: Heartbeat,
+    counters: collections.Counter[str],
+    stopping: asyncio.Event,
+) -> None:
+    """A registered link sends a heartbeat when asked and requests when told, and on
+    stopping the last heartbeat, then closes."""
+    link.report_soon()
+    assert WIRE.decode(await conn.recv(), "c")[1] == beat
+    assert counters["heartbeats_sent"] == 1
+    await link.send(ServiceReported(name="svc", status="ok", summary={}))
+    assert WIRE.decode(await conn.recv(), "c")[1].TYPE == "ServiceReported"
+    stopping.set()
+    goodbye = asyncio.ensure_future(link.goodbye())  # the last heartbeat, then close
+    assert WIRE.decode(await conn.recv(), "c")[1] == beat
+    with pytest.raises(EndOfStream):
+        await conn.recv()
+    await conn.aclose()
+    await goodbye
 
 
 def test_the_controller_link_fails_the_service_once_the_controller_stays_unreachable() -> None:
