@@ -21,7 +21,7 @@ fragments, agent inputs), the :class:`QMixer`, then the :class:`QMIX` object.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 import numpy as np
 import torch
@@ -40,28 +40,17 @@ __all__ = ["QMIX", "QMIXConfig", "QMixer", "n_step_transitions_ma"]
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class QMIXConfig(ReplayConfig):
-    """Hyperparameters of :class:`QMIX` (defaults tuned for mpe2 ``simple_spread_v3``): the
-    replay fields of :class:`~tianji.algorithms._replay.ReplayConfig` with these defaults
-    (``n_step`` sums *team* rewards; the target update and ``max_grad_norm`` cover agent
-    network and mixer together), and the mixer's fields."""
+    """Hyperparameters of :class:`QMIX`: the replay fields of
+    :class:`~tianji.algorithms._replay.ReplayConfig` (``n_step`` sums *team* rewards; the
+    target update and ``max_grad_norm`` cover agent network and mixer together; the values
+    tuned for mpe2 ``simple_spread_v3`` are in ``examples/spread_qmix.toml``), and these."""
 
-    # the targets: a short horizon, team rewards scaled
-    gamma: float = 0.9
     reward_scale: float = 0.1
     """Team rewards are multiplied by this in the target (keeps Q near unit scale)."""
-
-    # the networks: a small agent network and the mixer
-    hidden: Sequence[int] = (64, 64)
     mixing_embed: int = 32
     """Width of the mixer's hidden layer (the ELU layer between Q_agents and Q_tot)."""
     hypernet_hidden: int = 64
     """Hidden width of the hypernetworks that produce the mixing weights."""
-
-    # replay and exploration
-    buffer_capacity: int = 100_000
-    target_update_interval: int = 200
-    epsilon_end: float = 0.02
-    epsilon_decay_updates: int = 2_000
 
     def __post_init__(self) -> None:
         ReplayConfig.__post_init__(self)
