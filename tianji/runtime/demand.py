@@ -82,10 +82,6 @@ class Demand:
             self._wanting.add(key)
         return frames
 
-    def holding(self, conn: Connection, topic: str) -> bool:
-        """Whether an event of ``topic`` is held for ``conn``."""
-        return (conn, topic) in self._held
-
     def forget(self, conn: Connection) -> None:
         """``conn`` is gone: drop its state, counting what was held for it."""
         for name in self._topics.pop(conn, frozenset()):

@@ -95,17 +95,9 @@ class Publishing:
             shared, sent = self._split(topic_name, frames, [conn])
             self.counters[ServiceStat.PUBLISHED_BYTES] += sent
             if shared is not None:  # (a remote subscriber's copy does not replace it)
-                self._remember(topic_name, ev, frames, shared)
+                self._posted[topic_name] = (ev, frames, shared)
         for to, out in self._peers.admitted(topic_name, [conn], frames, shared):
             await to.send(out)
-
-    def _remember(self, name: str, ev: Event, frames: FrameList, shared: FrameList | None) -> None:
-        """Keep the event last written on the board for ``name`` (and nothing older: an
-        event published since without a board write forgets it)."""
-        if shared is not None:
-            self._posted[name] = (ev, frames, shared)
-        else:
-            self._posted.pop(name, None)
 
     def prepare(self, ev: Event, topic_name: str | None) -> list[tuple[Connection, FrameList]]:
         """The subscribers to send ``ev`` to now, each with its frames (a board reference
@@ -127,5 +119,8 @@ class Publishing:
             return []
         shared, sent = self._split(name, frames, conns)
         self.counters[ServiceStat.PUBLISHED_BYTES] += sent
-        self._remember(name, ev, frames, shared)
+        if shared is not None:
+            self._posted[name] = (ev, frames, shared)
+        else:  # nothing older is kept once a newer event went without the board
+            self._posted.pop(name, None)
         return self._peers.admitted(name, conns, frames, shared)
