@@ -28,6 +28,7 @@ from tianji.rl.algorithm import BufferSpec
 from tianji.rl.errors import ConfigError
 
 __all__ = [
+    "OffPolicyConfig",
     "QLearner",
     "ReplayConfig",
     "epsilon_at",
@@ -38,9 +39,9 @@ __all__ = [
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class ReplayConfig:
-    """The fields every replay (Q-learning) algorithm's config has (defaults: DQN's on
-    CartPole-v1)."""
+class OffPolicyConfig:
+    """The fields of every in-tree off-policy algorithm's config: the replay buffer, the
+    update-to-data ratio and the warm-up (defaults: DQN's on CartPole-v1)."""
 
     gamma: float = 0.99
     """Discount factor per environment step."""
@@ -49,13 +50,57 @@ class ReplayConfig:
     lr: float = 5e-4
     """Adam learning rate."""
     hidden: Sequence[int] = (128, 128)
-    """Hidden layer sizes of the Q-network MLP (QMIX: of the shared agent network)."""
+    """Hidden layer sizes of the MLPs (QMIX: of the shared agent network)."""
     batch_size: int = 128
     """Transitions per learner update."""
     buffer_capacity: int = 50_000
     """Transitions the replay buffer keeps at most."""
     learning_starts: int = 1_000
-    """Transitions stored before the first batch is handed out."""
+    """Transitions stored before the first update: the actors collect exactly this many
+    (rounded up to whole fragments) before the learner starts, and the update-to-data
+    ratio counts the env steps after them."""
+    updates_per_step: float = 0.125
+    """Learner updates per env step collected after ``learning_starts`` (the
+    update-to-data ratio): the controller keeps the run at it (``[controller]
+    replay_ratio`` overrides it in samples consumed per sample inserted)."""
+    random_steps: int = 0
+    """Env steps at the start of the run acted uniformly at random over the action space
+    (split evenly over the actors) instead of by the policy."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "hidden", as_hidden("algorithm.hidden", self.hidden))
+        for key in ("n_step", "batch_size", "buffer_capacity"):
+            if type(getattr(self, key)) is not int or getattr(self, key) <= 0:
+                raise ConfigError(f"algorithm.{key}", getattr(self, key), "a positive integer")
+        for key in ("learning_starts", "random_steps"):
+            if type(getattr(self, key)) is not int or getattr(self, key) < 0:
+                raise ConfigError(f"algorithm.{key}", getattr(self, key), "an integer >= 0")
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ConfigError("algorithm.gamma", self.gamma, "a number in [0, 1]")
+        if not self.updates_per_step > 0:
+            raise ConfigError("algorithm.updates_per_step", self.updates_per_step, "a number > 0")
+        if self.learning_starts > self.buffer_capacity:
+            raise ConfigError(
+                "algorithm.learning_starts", self.learning_starts, "at most buffer_capacity"
+            )
+
+    def replay_spec(self, kind: str = "replay") -> BufferSpec:
+        """The replay buffer these fields ask for (uniform unless ``kind`` says otherwise)."""
+        return BufferSpec(
+            kind=kind,
+            capacity=self.buffer_capacity,
+            batch_size=self.batch_size,
+            min_size=self.learning_starts,
+            updates_per_step=self.updates_per_step,
+            random_steps=self.random_steps,
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ReplayConfig(OffPolicyConfig):
+    """The fields every replay Q-learning algorithm's config has: :class:`OffPolicyConfig`'s
+    and a target network and epsilon-greedy exploration (defaults: DQN's on CartPole-v1)."""
+
     target_update_interval: int = 250
     """Learner updates between target-network updates."""
     tau: float = 1.0
@@ -72,20 +117,14 @@ class ReplayConfig:
     """Where the Huber loss turns from quadratic to linear (0: mean squared error)."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "hidden", as_hidden("algorithm.hidden", self.hidden))
-        for key in ("n_step", "batch_size", "buffer_capacity", "target_update_interval"):
-            if type(getattr(self, key)) is not int or getattr(self, key) <= 0:
-                raise ConfigError(f"algorithm.{key}", getattr(self, key), "a positive integer")
-        if not 0.0 <= self.gamma <= 1.0:
-            raise ConfigError("algorithm.gamma", self.gamma, "a number in [0, 1]")
+        OffPolicyConfig.__post_init__(self)
+        interval = self.target_update_interval
+        if type(interval) is not int or interval <= 0:
+            raise ConfigError("algorithm.target_update_interval", interval, "a positive integer")
         if not 0.0 < self.tau <= 1.0:
             raise ConfigError("algorithm.tau", self.tau, "a number in (0, 1]")
         if self.huber_delta < 0.0:
             raise ConfigError("algorithm.huber_delta", self.huber_delta, "a number >= 0")
-        if self.learning_starts > self.buffer_capacity:
-            raise ConfigError(
-                "algorithm.learning_starts", self.learning_starts, "at most buffer_capacity"
-            )
 
 
 def n_step_transitions(fragment: Mapping[str, np.ndarray], n: int, gamma: float) -> dict[str, Any]:
@@ -98,7 +137,8 @@ def n_step_transitions(fragment: Mapping[str, np.ndarray], n: int, gamma: float)
     bootstraps from the final observation.
 
     Returns:
-        ``obs``, ``action``, ``reward``, ``next_obs``, ``discount`` shaped ``[T*N, ...]``.
+        ``obs``, ``action`` (int64, or float32 ``[T*N, D]`` for Box actions), ``reward``,
+        ``next_obs``, ``discount`` shaped ``[T*N, ...]``.
     """
     reward = np.asarray(fragment["reward"], dtype=np.float64)
     terminated = np.asarray(fragment["terminated"], dtype=bool)
@@ -121,13 +161,21 @@ def n_step_transitions(fragment: Mapping[str, np.ndarray], n: int, gamma: float)
     flat = horizon * n_env
     return {
         "obs": _obs_dtype(fragment["obs"]).reshape(flat, *np.shape(fragment["obs"])[2:]),
-        "action": np.asarray(fragment["action"], dtype=np.int64).reshape(flat),
+        "action": _action_dtype(fragment["action"]).reshape(
+            flat, *np.shape(fragment["action"])[2:]
+        ),
         "reward": total.astype(np.float32).reshape(flat),
         "next_obs": _obs_dtype(np.asarray(fragment["next_obs"])[last, cols]).reshape(
             flat, *np.shape(fragment["next_obs"])[2:]
         ),
         "discount": discount.astype(np.float32).reshape(flat),
     }
+
+
+def _action_dtype(action: np.ndarray) -> np.ndarray:
+    """Continuous (Box) actions travel as float32 ``[..., D]``, discrete ones as int64."""
+    action = np.asarray(action)
+    return action.astype(np.float32 if np.issubdtype(action.dtype, np.floating) else np.int64)
 
 
 def _obs_dtype(obs: np.ndarray) -> np.ndarray:
@@ -202,13 +250,7 @@ class QLearner(AlgorithmBase):
 
     def buffer_spec(self) -> BufferSpec:
         """Uniform replay over flat transitions."""
-        c = self.config
-        return BufferSpec(
-            kind="replay",
-            capacity=c.buffer_capacity,
-            batch_size=c.batch_size,
-            min_size=c.learning_starts,
-        )
+        return self.config.replay_spec()
 
     def _count_update(self) -> None:
         """One more update; every ``target_update_interval`` of them move each target

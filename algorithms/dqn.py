@@ -96,8 +96,7 @@ class DQN(QLearner):
 
         if not isinstance(action_space, spaces.Discrete):
             return (
-                f"DQN needs a gymnasium.spaces.Discrete action space, got {action_space!r}; "
-                "use PPO for continuous (Box) actions"
+                f"DQN needs a gymnasium.spaces.Discrete action space, got {action_space!r}"
             )
         return nets.box_obs_problem(observation_space)
 

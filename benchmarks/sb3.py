@@ -6,7 +6,8 @@ process per run, like tianji's); prints one JSON line with the same keys as tian
 summary that the benchmark compares. Needs ``pip install "tianji[bench]"``.
 
 The hyperparameters are those of rl-baselines3-zoo (``hyperparams/ppo.yml`` and
-``hyperparams/dqn.yml``, entry ``CartPole-v1``); training runs for the zoo's
+``hyperparams/dqn.yml``, entry ``CartPole-v1``; ``hyperparams/sac.yml`` and
+``hyperparams/td3.yml``, entry ``Pendulum``); training runs for the zoo's
 ``n_timesteps`` (their learning-rate schedules depend on it) and stops early once the mean
 return of the last 20 training episodes reaches the target: the same criterion as
 ``tianji train``.
@@ -55,7 +56,27 @@ ZOO: dict[str, dict[str, Any]] = {
             "policy_kwargs": {"net_arch": [256, 256]},
         },
     },
+    "sac": {
+        "env": "Pendulum-v1",
+        "n_envs": 1,
+        "n_timesteps": 20_000,
+        "kwargs": {"learning_rate": 1e-3},  # the rest: SB3's defaults, as the zoo leaves them
+    },
+    "td3": {  # hyperparams/td3.yml, Pendulum: its noise, buffer and net, stepped every step
+        "env": "Pendulum-v1",
+        "n_envs": 1,
+        "n_timesteps": 20_000,
+        "noise_std": 0.1,
+        "kwargs": {
+            "gamma": 0.98,
+            "buffer_size": 200_000,
+            "learning_starts": 10_000,
+            "learning_rate": 1e-3,
+            "policy_kwargs": {"net_arch": [400, 300]},
+        },
+    },
 }
+"""The zoo's entries: CartPole-v1 for PPO and DQN, Pendulum-v1 for SAC and TD3 (``env``)."""
 
 
 def _linear(start: float) -> Any:
@@ -65,7 +86,7 @@ def _linear(start: float) -> Any:
 def run(
     algo: str, *, seed: int, target_return: float, max_seconds: float, window: int = 20
 ) -> dict[str, Any]:
-    """Train SB3 ``algo`` on CartPole-v1; return time/steps to target and throughput."""
+    """Train SB3 ``algo`` on its zoo env; return time/steps to target and throughput."""
     import stable_baselines3 as sb3
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
@@ -73,8 +94,14 @@ def run(
     started = time.monotonic()
     zoo = ZOO[algo]
     kwargs = {k: _linear(v[1]) if isinstance(v, tuple) else v for k, v in zoo["kwargs"].items()}
-    env = make_vec_env("CartPole-v1", n_envs=zoo["n_envs"], seed=seed)
-    cls = {"ppo": sb3.PPO, "dqn": sb3.DQN}[algo]
+    env = make_vec_env(zoo.get("env", "CartPole-v1"), n_envs=zoo["n_envs"], seed=seed)
+    if "noise_std" in zoo:
+        import numpy as np
+        from stable_baselines3.common.noise import NormalActionNoise
+
+        dim = env.action_space.shape[0]
+        kwargs["action_noise"] = NormalActionNoise(np.zeros(dim), zoo["noise_std"] * np.ones(dim))
+    cls = {"ppo": sb3.PPO, "dqn": sb3.DQN, "sac": sb3.SAC, "td3": sb3.TD3}[algo]
     model = cls("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **kwargs)
     returns: collections.deque[float] = collections.deque(maxlen=window)
     state: dict[str, Any] = {

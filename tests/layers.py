@@ -45,7 +45,7 @@ ALLOWED: dict[str, frozenset[str]] = {
             "bench",
         }
     ),
-    "testing": frozenset({"root", "runtime"}),
+    "testing": frozenset({"root", "runtime", "rl"}),
 }
 FORBIDDEN_STDLIB: dict[str, frozenset[str]] = {"rl": frozenset({"asyncio"})}
 # the re-export paths of 0.1.0, removed: nothing may import them (they no longer exist)

@@ -84,6 +84,30 @@ def test_before_min_replay_size_producers_are_granted_and_the_learner_waits() ->
     assert all(n >= 1 for n in producers.granted.values())
 
 
+@pytest.mark.parametrize(
+    ("min_size", "fragment", "actors"), [(100, 32, 2), (1000, 200, 3), (256, 8, 8)]
+)
+def test_the_warm_up_is_granted_exactly_and_the_learner_starts_on_it(
+    min_size: int, fragment: int, actors: int
+) -> None:
+    # Reverb's limiter offsets by its minimum size: the actors collect the fragments that
+    # fill the warm-up (the last may pass it) and nothing more until it is in; then the
+    # learner may take one round of updates ahead of the next inserts, not a burst on them.
+    policy = off_policy(min_replay_size=min_size, fragment_samples=fragment)
+    producers = Producers([f"actor-{i}" for i in range(actors)], fragment)
+    inserted = 0
+    while inserted < min_size:
+        producers.take(policy.decide(producers.observe(inserted, 0)))
+        inserted += producers.tick()
+    warm_up = -(-min_size // fragment) * fragment
+    assert inserted == warm_up, (inserted, warm_up)
+    assert sum(producers.granted.values()) * fragment == warm_up  # nothing granted beyond it
+    first = policy.decide(producers.observe(inserted, 0))
+    round_updates = (policy.config.replay_ratio * actors * fragment) / policy.config.batch_samples
+    assert first.consume_limit is not None
+    assert first.consume_limit / policy.config.batch_samples <= 2 * round_updates + 4
+
+
 def test_producers_that_run_ahead_get_no_grant_and_get_one_back_in_the_band() -> None:
     policy = off_policy()
     ahead = policy.decide(Observation(inserted=1100, consumed=1000, producer_versions=PRODUCERS))

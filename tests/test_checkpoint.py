@@ -22,6 +22,7 @@ import torch
 
 from tianji.rl.checkpoint import (
     MAGIC,
+    RNG_KEY,
     CheckpointError,
     algorithm_state,
     checkpoint_files,
@@ -41,7 +42,7 @@ from tianji.run.plan import RunPlan
 from tianji.run.rundir import RunDirectory, resume_point
 from tianji.runtime.errors import ConfigError
 from tianji.services.monitor import TrainMonitor
-from tianji.testing import interruptible
+from tianji.testing import check_checkpoint_round_trip, interruptible
 
 ROOT = Path(__file__).resolve().parents[1]
 PPO = ROOT / "examples" / "cartpole_ppo.toml"
@@ -116,6 +117,40 @@ def test_a_restored_algorithm_continues_exactly_like_the_original(name: str, env
     fresh.set_weights(state["q"] if name == "dqn" else _flat(state), 3)
     fresh.update(batch)
     assert any(not np.array_equal(a[k], fresh.get_weights()[k]) for k in a)
+
+
+@pytest.mark.parametrize(
+    ("name", "env_id"),
+    [
+        ("dqn", "CartPole-v1"),
+        ("ppo", "Pendulum-v1"),
+        ("sac", "Pendulum-v1"),
+        ("td3", "Pendulum-v1"),
+    ],
+)
+def test_a_resumed_algorithm_draws_what_the_original_would_have_drawn(
+    name: str, env_id: str
+) -> None:
+    """The public round-trip check (``tianji.testing``): the checkpoint holds the random
+    generators too (torch's global one, the algorithm's own), so a resumed learner's next
+    update, which samples (SAC's policy, TD3's smoothing noise, PPO's minibatches), lands on
+    the original's exactly, with no reseeding by hand."""
+    cls = algorithms.get(name)
+    env = gym.make(env_id)
+    make = lambda seed: cls(cls.Config(), env.observation_space, env.action_space, seed=seed)  # noqa: E731
+    check_checkpoint_round_trip(make, _batch(make(0), env, np.random.default_rng(0)))
+
+
+def test_the_round_trip_check_fails_when_the_checkpoint_misses_the_generators(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tianji.rl import checkpoint
+
+    monkeypatch.setattr(checkpoint, "set_rng_state", lambda algo, state: None)
+    cls, env = algorithms.get("sac"), gym.make("Pendulum-v1")
+    make = lambda seed: cls(cls.Config(), env.observation_space, env.action_space, seed=seed)  # noqa: E731
+    with pytest.raises(AssertionError, match="differs after resume"):
+        check_checkpoint_round_trip(make, _batch(make(0), env, np.random.default_rng(0)))
 
 
 def _flat(state: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -422,4 +457,4 @@ def test_an_algorithm_without_state_dict_is_checkpointed_by_its_weights_with_one
         learner._checkpoint_event()
     warnings = [r.getMessage() for r in caplog.records if "state_dict" in r.getMessage()]
     assert len(warnings) == 1 and "weights only" in warnings[0], warnings
-    assert set(unpack_state(first.state.tobytes())) == {"weights"}
+    assert set(unpack_state(first.state.tobytes())) == {"weights", RNG_KEY}

@@ -86,8 +86,9 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "env": {"id": "CartPole-v1"},
         "actors": {"count": 2, "envs_per_actor": 4, "fragment_length": 8},
         "learner": {"prefetch": 2},
-        "controller": {"mode": "relaxed", "replay_ratio": 16.0, "tolerance": 4.0},
+        "controller": {"mode": "relaxed"},
         "algo": {
+            "updates_per_step": 0.125,
             "gamma": 0.98,
             "lr": 1e-3,
             "batch_size": 128,

@@ -38,9 +38,18 @@ class BufferSpec:
             oldest are evicted and counted.
         batch_size: transitions per learner batch (replay kinds) or fragments per batch
             (rollout; they are concatenated along the env axis).
-        min_size: stored items needed before the first batch is handed out.
+        min_size: stored items needed before the first batch is handed out (replay: the
+            algorithm's ``learning_starts``). The controller grants the actors exactly
+            this much before the learner starts, and counts the replay ratio from it.
         alpha: priority exponent (prioritized only).
         beta: importance-weight exponent (prioritized only).
+        updates_per_step: replay kinds: learner updates per env step inserted (the
+            update-to-data ratio); the controller keeps ``consumed / (inserted - min_size)``
+            at ``updates_per_step * batch_size`` unless ``[controller] replay_ratio``
+            overrides it. ``None``: not declared (then the override is required).
+        random_steps: replay kinds: env steps at the start of the run acted uniformly at
+            random over the action space instead of by the policy (split evenly over the
+            actors: each takes its first ``ceil(random_steps / actors)``).
     """
 
     kind: str
@@ -49,6 +58,14 @@ class BufferSpec:
     min_size: int = 0
     alpha: float = 0.6
     beta: float = 0.4
+    updates_per_step: float | None = None
+    random_steps: int = 0
+
+    def __post_init__(self) -> None:
+        if self.updates_per_step is not None and not self.updates_per_step > 0:
+            raise ValueError(f"BufferSpec.updates_per_step {self.updates_per_step!r}: not > 0")
+        if self.random_steps < 0:
+            raise ValueError(f"BufferSpec.random_steps {self.random_steps!r}: not >= 0")
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

@@ -26,7 +26,8 @@ only how many fragments the policy grants, and with which weights:
   while ``consumed`` stays above ``(inserted - min_replay_size) * replay_ratio - error``
   for them, the error buffer being ``tolerance`` times one round of inserts (a fragment of
   every producer) widened by one step of each side; the learner may consume up to the
-  upper edge. Counted from the warm-up size: the warm-up is granted like any insert.
+  upper edge. Counted from the warm-up size (as Reverb's limiter offsets by its minimum
+  size): the warm-up itself is granted exactly, the fragments that fill it and no more.
 - **sync, off-policy**: every producer fills its share of the warm-up, then sends one
   fragment per published version; the learner takes one round's updates
   (``replay_ratio`` samples per inserted one) once every producer's fragment is in.
@@ -426,14 +427,18 @@ class BalancePolicy:
         return cfg.min_replay_size + (obs.consumed + error) / cfg.replay_ratio
 
     def grant_inserts(self, obs: Observation, ledger: _Ledger) -> tuple[int, str]:
-        """Relaxed off-policy: grant the fragments that keep ``consumed`` in the band (the
-        warm-up included: no more is granted than it needs plus the error buffer), plus one
-        to every producer while a shard is still short past the warm-up; the learners may
-        consume up to the band's upper edge."""
+        """Relaxed off-policy: grant the fragments that fill the warm-up, then those that
+        keep ``consumed`` in the band, plus one to every producer while a shard is still
+        short past the warm-up; the learners may consume up to the band's upper edge."""
         cfg = self.config
         pending = sum(max(0, n) for n in ledger.pending.values())
         coming = obs.inserted + obs.in_transit
-        room = math.floor((self.insert_limit(obs) - coming) / cfg.fragment_samples)
+        if obs.inserted < cfg.min_replay_size:
+            # the warm-up: the fragments that fill it (the last may pass it), no more, so
+            # the learner starts on the warm-up size and not on a round of extra inserts
+            room = math.ceil((cfg.min_replay_size - coming) / cfg.fragment_samples)
+        else:
+            room = math.floor((self.insert_limit(obs) - coming) / cfg.fragment_samples)
         for _ in range(max(0, room - pending)):
             candidates = ledger.candidates()
             if not candidates:

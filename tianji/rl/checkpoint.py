@@ -92,20 +92,98 @@ class SupportsCheckpoint(Protocol):
     def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
 
 
+RNG_KEY = "__rng__"
+"""The key of the random generators' states in a state tree (:func:`rng_state`)."""
+
+
 def algorithm_state(algo: Any) -> dict[str, Any]:
     """``algo.state_dict()``, or ``{"weights": algo.get_weights()}`` for an algorithm
-    without one (its optimizer state is then not saved)."""
+    without one (its optimizer state is then not saved); with the random generators' states
+    under :data:`RNG_KEY` (:func:`rng_state`), so a resumed learner draws what the original
+    would have drawn."""
     if isinstance(algo, SupportsCheckpoint):
-        return algo.state_dict()
-    return {"weights": algo.get_weights()}
+        state = dict(algo.state_dict())
+    else:
+        state = {"weights": algo.get_weights()}
+    state[RNG_KEY] = rng_state(algo)
+    return state
 
 
 def restore_algorithm(algo: Any, state: Mapping[str, Any], version: int) -> None:
-    """Load ``state`` (from :func:`algorithm_state`) into ``algo`` at ``version``."""
+    """Load ``state`` (from :func:`algorithm_state`) into ``algo`` at ``version``, and the
+    random generators' states where the checkpoint has them."""
+    state = dict(state)
+    rng = state.pop(RNG_KEY, None)
     if isinstance(algo, SupportsCheckpoint) and "weights" not in state:
         algo.load_state_dict(state)
     else:
         algo.set_weights(state["weights"], version)
+    if rng is not None:
+        set_rng_state(algo, rng)
+
+
+def rng_state(algo: Any) -> dict[str, Any]:
+    """The states of what an update may draw from: torch's global generator (and CUDA's,
+    when torch has initialized it), and the algorithm's own generators — numpy
+    ``Generator`` and ``torch.Generator`` attributes (e.g. ``rng``), by attribute name."""
+    import sys
+
+    state: dict[str, Any] = {"numpy": {}, "torch_generators": {}}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        state["torch"] = torch.get_rng_state()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            state["cuda"] = list(torch.cuda.get_rng_state_all())
+    for name, value in sorted(vars(algo).items()):
+        if isinstance(value, np.random.Generator):
+            # PCG64's 128-bit integers do not fit msgpack: they travel as text
+            state["numpy"][name] = _text_ints(value.bit_generator.state)
+        elif torch is not None and isinstance(value, torch.Generator):
+            state["torch_generators"][name] = value.get_state()
+    return state
+
+
+def set_rng_state(algo: Any, state: Mapping[str, Any]) -> None:
+    """Restore what :func:`rng_state` saved (generators the algorithm no longer has are
+    skipped)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None and "torch" in state:
+        torch.set_rng_state(_byte_tensor(torch, state["torch"]))
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all([_byte_tensor(torch, s) for s in state["cuda"]])
+    for name, saved in state.get("numpy", {}).items():
+        generator = getattr(algo, name, None)
+        if isinstance(generator, np.random.Generator):
+            generator.bit_generator.state = _int_texts(saved)
+    for name, saved in state.get("torch_generators", {}).items():
+        generator = getattr(algo, name, None)
+        if torch is not None and isinstance(generator, torch.Generator):
+            generator.set_state(_byte_tensor(torch, saved))
+
+
+def _byte_tensor(torch: Any, value: Any) -> Any:
+    """A generator state (a uint8 tensor; numpy or a tensor after a round trip)."""
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(value, dtype=np.uint8))
+    return value.to("cpu", torch.uint8)
+
+
+def _text_ints(tree: Any) -> Any:
+    if isinstance(tree, dict):
+        return {k: _text_ints(v) for k, v in tree.items()}
+    if isinstance(tree, int) and not isinstance(tree, bool):
+        return f"int:{tree}"
+    return tree
+
+
+def _int_texts(tree: Any) -> Any:
+    if isinstance(tree, dict):
+        return {k: _int_texts(v) for k, v in tree.items()}
+    if isinstance(tree, str) and tree.startswith("int:"):
+        return int(tree[4:])
+    return tree
 
 
 def _default(obj: Any) -> Any:

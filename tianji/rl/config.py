@@ -52,6 +52,10 @@ __all__ = [
 ]
 
 
+PRESETS = ("", "atari", "mujoco")
+"""The values of ``[env] preset``."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class EnvConfig:
     """Which environment the actors step."""
@@ -72,13 +76,16 @@ class EnvConfig:
     ``"gymnasium.wrappers:TimeAwareObservation"``), called as ``Class(env)``."""
     preset: str = ""
     """A standard env setup: ``"atari"`` (an ``ALE/<Game>-v5`` id with the usual
-    preprocessing, see ``tianji.rl.atari``) or "" (the env as made, plus ``wrappers``)."""
+    preprocessing, see ``tianji.rl.atari``), ``"mujoco"`` (a gymnasium MuJoCo id such as
+    ``HalfCheetah-v5`` with its standard time limit, see ``tianji.rl.mujoco``) or "" (the env
+    as made, plus ``wrappers``)."""
     preset_options: dict[str, Any] = dataclasses.field(default_factory=dict)
-    """The preset's options (``"atari"``: the fields of ``tianji.rl.atari.AtariOptions``)."""
+    """The preset's options (``"atari"``: the fields of ``tianji.rl.atari.AtariOptions``;
+    ``"mujoco"``: of ``tianji.rl.mujoco.MujocoOptions``)."""
 
     def __post_init__(self) -> None:
-        if self.preset not in ("", "atari"):
-            raise ConfigError("env.preset", self.preset, '"" or "atari"')
+        if self.preset not in PRESETS:
+            raise ConfigError("env.preset", self.preset, " | ".join(f'"{p}"' for p in PRESETS))
         if self.preset_options and not self.preset:
             raise ConfigError("env.preset_options", self.preset_options, "empty without a preset")
         if self.preset and self.api != "gymnasium":
@@ -297,12 +304,15 @@ class ControllerConfig:
     """relaxed: asynchronous, balanced, staleness-bounded; sync: actors collect one
     fragment per policy version and the learner waits for every actor; unbalanced:
     asynchronous with no limits (to measure what the balance buys)."""
-    replay_ratio: float = 2.0
-    """Off-policy: samples the learner consumes per sample inserted."""
-    tolerance: float = 1.0
-    """Off-policy: the allowed deviation of the consumed/inserted ratio from replay_ratio
-    over one round of inserts (a fragment from every actor); over the run the ratio
-    converges to replay_ratio (an absolute error buffer, as Reverb's rate limiter)."""
+    replay_ratio: float | None = None
+    """Off-policy, an override: samples the learner consumes per sample inserted. Unset: the
+    algorithm's own ``updates_per_step`` x its batch size (its ``BufferSpec``), so an
+    algorithm says what it needs in its own units (``[algo] updates_per_step``)."""
+    tolerance: float | None = None
+    """Off-policy: the allowed deviation of the consumed/inserted ratio from the replay
+    ratio over one round of inserts (a fragment from every actor); over the run the ratio
+    converges to it (an absolute error buffer, as Reverb's rate limiter). Unset: a quarter
+    of the replay ratio."""
     max_collecting: int = 0
     """Producers that may collect at once (hold an unfinished grant). 0: for an off-policy
     run, as many as the CPU cores of the machine that plans the run (its learner shares
@@ -332,10 +342,11 @@ class ControllerConfig:
             raise ConfigError("controller.mode", self.mode, " | ".join(Mode)) from None
         if self.max_collecting < 0:
             raise ConfigError("controller.max_collecting", self.max_collecting, "an int >= 0")
-        if not 0 <= self.tolerance < self.replay_ratio:
-            raise ConfigError(
-                "controller.tolerance", self.tolerance, f"0 <= tolerance < {self.replay_ratio}"
-            )
+        if self.replay_ratio is not None and not self.replay_ratio > 0:
+            raise ConfigError("controller.replay_ratio", self.replay_ratio, "a number > 0")
+        if self.tolerance is not None and not 0 <= self.tolerance < (self.replay_ratio or 1e300):
+            bound = "" if self.replay_ratio is None else f" < replay_ratio {self.replay_ratio}"
+            raise ConfigError("controller.tolerance", self.tolerance, f"0 <= tolerance{bound}")
         if self.lag_target < 0:
             raise ConfigError("controller.lag_target", self.lag_target, "an int >= 0")
         if not 0 <= self.report_interval <= 1:

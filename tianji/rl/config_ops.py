@@ -95,11 +95,11 @@ class RecoveryConfig:
     supervisor's restart intensity); ``inf``: over the whole run."""
     backoff: float = 1.0
     """Seconds before a service's first restart; doubled for each further one that follows a
-    death less than 30 s after a start (max 30 s): a crash loop backs off, a service that
-    lived longer comes back after ``backoff`` again."""
+    death less than thirty seconds after a start (at most thirty seconds): a crash loop
+    backs off, a service that lived longer comes back after ``backoff`` again."""
     missed_heartbeats: int = 5
-    """A registered service silent for this many heartbeat intervals (1 s) is declared dead
-    and killed (then restarted like one that exited)."""
+    """A registered service silent for this many heartbeat intervals (one second each) is
+    declared dead and killed (then restarted like one that exited)."""
     learner: str = "stop"
     """A dead learner: ``stop`` ends the run (non-zero exit, naming it); ``resume`` restarts
     it from the newest checkpoint (needs a run directory). With ``[learner] count`` K > 1

@@ -22,6 +22,7 @@ __all__ = [
     "make_vector_env",
     "random_policy_returns",
     "records_episodes",
+    "uniform_actions",
 ]
 
 
@@ -86,6 +87,10 @@ def _base_factory(config: EnvConfig, training: bool) -> Callable[[], gym.Env[Any
         from tianji.rl.atari import atari_factory
 
         return atari_factory(env_id, kwargs, config.preset_options, training=training)
+    if config.preset == "mujoco":
+        from tianji.rl.mujoco import mujoco_factory
+
+        return mujoco_factory(env_id, kwargs, config.preset_options)
     if config.api == "pettingzoo":
         from tianji.rl.multiagent import pettingzoo_factory
 
@@ -99,6 +104,10 @@ def _base_factory(config: EnvConfig, training: bool) -> Callable[[], gym.Env[Any
         close = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.5)
         hint = f"; close matches: {', '.join(close)}" if close else ""
         raise ConfigError("env.id", env_id, f"a registered gymnasium id{hint}")
+    from tianji.rl.mujoco import is_mujoco_id, require_mujoco
+
+    if is_mujoco_id(env_id):
+        require_mujoco(env_id)  # gymnasium registers the ids without MuJoCo installed
     return lambda: gym.make(env_id, **kwargs)
 
 
@@ -166,3 +175,23 @@ def random_policy_returns(config: EnvConfig, episodes: int, *, seed: int = 0) ->
     finally:
         env.close()
     return returns
+
+
+def uniform_actions(space: gym.Space[Any], n: int, rng: np.random.Generator) -> np.ndarray:
+    """``n`` actions drawn uniformly from ``space``: a bounded ``Box`` (float32 ``[n, ...]``
+    within its bounds), ``Discrete`` or ``MultiDiscrete`` (int64) — an off-policy
+    algorithm's random warm-up (``BufferSpec.random_steps``).
+
+    Raises:
+        ConfigError: for another space or an unbounded Box, naming it.
+    """
+    if isinstance(space, gym.spaces.Box) and space.is_bounded():
+        low, high = space.low.astype(np.float64), space.high.astype(np.float64)
+        return rng.uniform(low, high, size=(n, *space.shape)).astype(np.float32)
+    if isinstance(space, gym.spaces.Discrete):
+        return rng.integers(space.start, space.start + space.n, size=n, dtype=np.int64)
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        start = np.asarray(space.start, np.int64)
+        return start + rng.integers(0, space.nvec, size=(n, *space.shape), dtype=np.int64)
+    why = "a bounded Box, Discrete or MultiDiscrete action space to draw random actions from"
+    raise ConfigError("algo.random_steps", space, why)

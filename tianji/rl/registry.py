@@ -27,6 +27,8 @@ ALGORITHMS = Registry(
         "mappo": "tianji.algorithms.mappo:MAPPO",
         "ppo": "tianji.algorithms.ppo:PPO",
         "qmix": "tianji.algorithms.qmix:QMIX",
+        "sac": "tianji.algorithms.sac:SAC",
+        "td3": "tianji.algorithms.td3:TD3",
     },
 )
 ENTRY_POINT_GROUP = ALGORITHMS.group

@@ -11,7 +11,7 @@ from tianji.rl.balance import BalanceConfig
 from tianji.rl.config import RunConfig
 from tianji.runtime.errors import ConfigError
 
-__all__ = ["balance_config", "min_replay_total", "publish_every"]
+__all__ = ["balance_config", "min_replay_total", "publish_every", "replay_ratio"]
 
 
 def balance_config(run: RunConfig, spec: BufferSpec) -> BalanceConfig:
@@ -41,11 +41,12 @@ def balance_config(run: RunConfig, spec: BufferSpec) -> BalanceConfig:
     collecting = ctl.max_collecting
     if not collecting and not on_policy:
         collecting = os.cpu_count() or 1  # the learner shares these cores (the docstring)
+    ratio = replay_ratio(run, spec)
     return BalanceConfig(
         mode=ctl.mode,
         on_policy=on_policy,
-        replay_ratio=ctl.replay_ratio,
-        tolerance=ctl.tolerance,
+        replay_ratio=ratio,
+        tolerance=ratio / 4 if ctl.tolerance is None else ctl.tolerance,
         min_replay_size=min_replay,
         fill_fragments=max(1, -(-min_replay // (actors.count * fragment))),
         max_policy_lag=run.learner.max_policy_lag,
@@ -62,6 +63,28 @@ def balance_config(run: RunConfig, spec: BufferSpec) -> BalanceConfig:
     )
 
 
+def replay_ratio(run: RunConfig, spec: BufferSpec) -> float:
+    """Samples consumed per sample inserted: ``[controller] replay_ratio`` when set, else the
+    algorithm's ``updates_per_step`` x its batch size; 1.0 for on-policy runs (unused).
+
+    Raises:
+        ConfigError: for a replay algorithm that declares no ``updates_per_step`` in a run
+            that sets no ``replay_ratio``.
+    """
+    if run.controller.replay_ratio is not None:
+        return run.controller.replay_ratio
+    if spec.kind == "rollout":
+        return 1.0
+    if spec.updates_per_step is None:
+        why = (
+            f"set: algorithm {run.algorithm!r} declares no updates_per_step in its BufferSpec "
+            "(learner updates per env step); declare one, or set [controller] replay_ratio "
+            "(samples consumed per sample inserted)"
+        )
+        raise ConfigError("controller.replay_ratio", None, why)
+    return spec.updates_per_step * spec.batch_size
+
+
 def publish_every(run: RunConfig, spec: BufferSpec) -> int:
     """Updates between two weight publications: ``learner.publish_interval`` when set;
     else 1 for on-policy runs, and for off-policy runs the updates that one actor fragment
@@ -73,7 +96,7 @@ def publish_every(run: RunConfig, spec: BufferSpec) -> int:
     if spec.kind == "rollout":
         return 1
     fragment = run.actors.fragment_length * run.actors.envs_per_actor
-    return max(1, int(run.controller.replay_ratio * fragment / spec.batch_size))
+    return max(1, int(replay_ratio(run, spec) * fragment / spec.batch_size))
 
 
 def min_replay_total(run: RunConfig, min_size: int) -> int:

@@ -92,6 +92,8 @@ class ActorStat:
     """Weights received while waiting for a grant and overwritten on the params board
     before the grant came: not loaded; the actor asks for the newest."""
     EPISODES: Final = "episodes"
+    RANDOM_STEPS: Final = "random_steps"
+    """Env steps acted uniformly at random (the algorithm's ``random_steps`` warm-up)."""
     # gauges
     POLICY_VERSION: Final = "policy_version"
     """The version of the weights it acts with."""

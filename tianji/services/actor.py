@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from tianji.rl.books import Outbox
-from tianji.rl.envs import make_vector_env
+from tianji.rl.envs import make_vector_env, uniform_actions
 from tianji.rl.events import (
     ActionsComputed,
     ComputeActions,
@@ -34,7 +34,7 @@ from tianji.rl.topics import (
 from tianji.runtime.board import Lease
 from tianji.runtime.events import Event, Heartbeat
 from tianji.runtime.service import Service
-from tianji.services.collector import FragmentCollector
+from tianji.services.collector import Act, FragmentCollector
 from tianji.services.common import (
     apply_run_options,
     make_algorithm,
@@ -264,6 +264,32 @@ class ActorService(Service):
         self.gauges[ActorStat.FRAGMENTS_AT_VERSION] = self.sent_at_version
         self.report_soon()
 
+    def _random_warm_up(self, act: Act, space: Any) -> Act:
+        """``act``, with its actions replaced by uniform ones over ``space`` for this actor's
+        share of the algorithm's ``random_steps`` (``ceil(random_steps / actors)`` env
+        steps) in a run that starts from scratch: an actor restarted once the learner has
+        published (its first weights newer than version 0) acts by the policy at once."""
+        spec = self.algo.buffer_spec()
+        first = self._pending_version() if self._pending is not None else self.policy_version
+        if not spec.random_steps or first > 0:
+            return act
+        uniform_actions(space, 1, np.random.default_rng(0))  # an unfit space fails here
+        left = -(-spec.random_steps // self.config.actors.count)
+        rng = np.random.default_rng([self.seed, 7])
+
+        async def act_or_random(
+            obs: np.ndarray, rows: range, starts: np.ndarray
+        ) -> dict[str, np.ndarray]:
+            nonlocal left
+            out = await act(obs, rows, starts)
+            if left > 0:
+                left -= len(obs)
+                self.counters[ActorStat.RANDOM_STEPS] += len(obs)
+                out = {**out, "action": uniform_actions(space, len(obs), rng)}
+            return out
+
+        return act_or_random
+
     async def main(self) -> None:
         import torch
 
@@ -276,7 +302,9 @@ class ActorService(Service):
         await self.wait_subscribers(self.trajectories)
         if self.remote:
             await self.wait_subscribers(self.observations)
-        act = self._act_remote if self.remote else self._act_local
+        act = self._random_warm_up(
+            self._act_remote if self.remote else self._act_local, groups[0].single_action_space
+        )
         try:
             while True:
                 await self._pace()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -16,7 +17,15 @@ from tianji.runtime.errors import ConfigError
 if TYPE_CHECKING:
     from tianji.runtime.service import Service
 
-__all__ = ["apply_run_options", "make_algorithm", "parse_run_config", "transitions"]
+__all__ = [
+    "algorithms_taking",
+    "apply_run_options",
+    "make_algorithm",
+    "parse_run_config",
+    "transitions",
+]
+
+log = logging.getLogger(__name__)
 
 
 def parse_run_config(data: dict[str, Any]) -> RunConfig:
@@ -44,7 +53,10 @@ def make_algorithm(config: RunConfig, *, seed: int, device: str) -> Any:
         raise ConfigError("algorithm", config.algorithm, why)
     problem = cls.check_spaces(obs_space, action_space)
     if problem:
-        raise ConfigError("algorithm", config.algorithm, f"spaces it supports: {problem}")
+        takers = algorithms_taking(obs_space, action_space, multi_agent)
+        hint = f"; these take them: {', '.join(takers)}" if takers else ""
+        why = f"spaces it supports: {problem}{hint}"
+        raise ConfigError("algorithm", config.algorithm, why)
     extra = {"state_space": state_space} if multi_agent else {}
     algo = cls(algo_config, obs_space, action_space, seed=seed, device=device, **extra)
     if config.learner.count > 1 and not isinstance(algo, SupportsGradientSync):
@@ -53,6 +65,22 @@ def make_algorithm(config: RunConfig, *, seed: int, device: str) -> Any:
         )
         raise ConfigError("learner.count", config.learner.count, why)
     return algo
+
+
+def algorithms_taking(obs_space: Any, action_space: Any, multi_agent: bool) -> list[str]:
+    """The known algorithms (in-tree and registered) whose ``check_spaces`` accept these
+    spaces: what an error about unsupported spaces suggests instead."""
+    takers = []
+    for name in algorithms.names():
+        try:
+            cls = algorithms.get(name)
+            if bool(getattr(cls, "multi_agent", False)) != multi_agent:
+                continue
+            if cls.check_spaces(obs_space, action_space) is None:
+                takers.append(name)
+        except Exception as exc:  # a broken plugin is no suggestion; the error stands
+            log.debug("algorithm %r not suggested: %s", name, exc)
+    return takers
 
 
 def run_config_data(config: RunConfig) -> dict[str, Any]:
