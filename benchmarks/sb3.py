@@ -75,8 +75,33 @@ ZOO: dict[str, dict[str, Any]] = {
             "policy_kwargs": {"net_arch": [400, 300]},
         },
     },
+    # hyperparams/sac.yml, MuJoCo defaults: 10,000 random warm-up steps, SAC's defaults else
+    "sac_halfcheetah": {
+        "algo": "sac",
+        "env": "HalfCheetah-v5",
+        "n_envs": 1,
+        "n_timesteps": 1_000_000,
+        "kwargs": {"learning_starts": 10_000},
+    },
+    # hyperparams/td3.yml, MuJoCo: 10,000 warm-up steps, noise 0.1, 400x300, lr 1e-3
+    "td3_hopper": {
+        "algo": "td3",
+        "env": "Hopper-v5",
+        "n_envs": 1,
+        "n_timesteps": 1_000_000,
+        "noise_std": 0.1,
+        "kwargs": {
+            "learning_starts": 10_000,
+            "learning_rate": 1e-3,
+            "batch_size": 256,
+            "train_freq": 1,
+            "gradient_steps": 1,
+            "policy_kwargs": {"net_arch": [400, 300]},
+        },
+    },
 }
-"""The zoo's entries: CartPole-v1 for PPO and DQN, Pendulum-v1 for SAC and TD3 (``env``)."""
+"""The zoo's entries: CartPole-v1 for PPO and DQN, Pendulum-v1 for SAC and TD3 (``env``),
+and MuJoCo tasks under ``<algorithm>_<task>`` (``algo`` names the algorithm)."""
 
 
 def _linear(start: float) -> Any:
@@ -101,7 +126,7 @@ def run(
 
         dim = env.action_space.shape[0]
         kwargs["action_noise"] = NormalActionNoise(np.zeros(dim), zoo["noise_std"] * np.ones(dim))
-    cls = {"ppo": sb3.PPO, "dqn": sb3.DQN, "sac": sb3.SAC, "td3": sb3.TD3}[algo]
+    cls = {"ppo": sb3.PPO, "dqn": sb3.DQN, "sac": sb3.SAC, "td3": sb3.TD3}[zoo.get("algo", algo)]
     model = cls("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **kwargs)
     returns: collections.deque[float] = collections.deque(maxlen=window)
     state: dict[str, Any] = {
@@ -154,9 +179,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--target-return", type=float, required=True)
     p.add_argument("--max-seconds", type=float, default=300.0)
+    p.add_argument("--window", type=int, default=20, help="episodes in the mean return")
     args = p.parse_args(argv)
     result = run(
-        args.algo, seed=args.seed, target_return=args.target_return, max_seconds=args.max_seconds
+        args.algo,
+        seed=args.seed,
+        target_return=args.target_return,
+        max_seconds=args.max_seconds,
+        window=args.window,
     )
     print(json.dumps(result), flush=True)
     return 0

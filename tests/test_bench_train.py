@@ -18,9 +18,12 @@ from tianji.runtime.errors import ConfigError
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("algo", ["ppo", "dqn"])
-def test_the_benchmark_runs_the_example_configs(algo: str) -> None:
-    example = to_dict(load_config(ROOT / "examples" / f"cartpole_{algo}.toml"))
+@pytest.mark.parametrize(
+    ("algo", "example_env"),
+    [("ppo", "cartpole"), ("dqn", "cartpole"), ("sac", "pendulum"), ("td3", "pendulum")],
+)
+def test_the_benchmark_runs_the_example_configs(algo: str, example_env: str) -> None:
+    example = to_dict(load_config(ROOT / "examples" / f"{example_env}_{algo}.toml"))
     bench: RunConfig = build_dataclass(RunConfig, run_config(algo, "relaxed", 0, 300.0), "")
     assert to_dict(bench) == example
 

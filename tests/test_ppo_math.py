@@ -184,15 +184,14 @@ def test_the_learner_says_once_when_the_learning_rate_reached_zero(caplog) -> No
     import logging
     import types
 
-    from tianji.services.learner import LearnerService
+    from tianji.services.common import check_lr
 
-    learner = types.SimpleNamespace(name="learner-0", version=200, counters=collections.Counter())
+    learner = types.SimpleNamespace(name="learner-0", counters=collections.Counter())
     with caplog.at_level(logging.WARNING):
-        LearnerService._check_lr(learner, 1e-4)  # type: ignore[arg-type]
+        check_lr(learner, 1e-4, 200)  # type: ignore[arg-type]
         assert "lr_zero_at_update" not in learner.counters
-        LearnerService._check_lr(learner, 0.0)  # type: ignore[arg-type]
-        learner.version = 201
-        LearnerService._check_lr(learner, 0.0)  # type: ignore[arg-type]
+        check_lr(learner, 0.0, 200)  # type: ignore[arg-type]
+        check_lr(learner, 0.0, 201)  # type: ignore[arg-type]
     assert learner.counters["lr_zero_at_update"] == 200
     warnings = [
         r.getMessage() for r in caplog.records if "learning rate reached 0" in r.getMessage()

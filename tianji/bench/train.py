@@ -44,8 +44,9 @@ __all__ = ["CONFIGS", "TARGETS", "Peer", "run_bench"]
 
 log = logging.getLogger(__name__)
 
-TARGETS = {"ppo": 475.0, "dqn": 300.0}
-"""CartPole-v1 targets: PPO to 475 (the env's threshold), DQN to 300 (original TianJi's)."""
+TARGETS = {"ppo": 475.0, "dqn": 300.0, "sac": -200.0, "td3": -200.0}
+"""CartPole-v1 targets: PPO to 475 (the env's threshold), DQN to 300 (original TianJi's);
+Pendulum-v1 (SAC, TD3): a mean return of -200."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -100,8 +101,24 @@ CONFIGS: dict[str, dict[str, Any]] = {
             "epsilon_end": 0.02,
         },
     },
+    "sac": {
+        "algorithm": "sac",
+        "transport": "tcp",
+        "env": {"id": "Pendulum-v1"},
+        "actors": {"count": 2, "envs_per_actor": 1, "fragment_length": 16},
+        "learner": {"prefetch": 2},
+        "controller": {"mode": "relaxed"},
+        "algo": {
+            "lr": 1e-3,
+            "hidden": [64, 64],
+            "updates_per_step": 1.0,
+            "learning_starts": 1000,
+            "random_steps": 1000,
+        },
+    },
 }
 """tianji's benchmark run configs (a test keeps them equal to the examples)."""
+CONFIGS["td3"] = {**CONFIGS["sac"], "algorithm": "td3"}
 
 KEYS = (
     "time_to_target_s",

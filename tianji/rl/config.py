@@ -160,7 +160,13 @@ class LearnerConfig:
     """The learner service."""
 
     torch_threads: int = 1
-    """torch intra-op threads of the learner."""
+    """torch intra-op threads of the learner's updates."""
+    inline_below_ms: float = 100.0
+    """An off-policy learner without data-parallel peers runs its updates on its event
+    loop's thread while each takes less than this many milliseconds (a thread hand-off and
+    a second OpenMP team cost short updates more than they save); the first longer one
+    moves them to a worker thread for the rest of the run. On-policy updates (epochs over a
+    rollout) always run in the worker thread. 0: always the thread."""
     device: str = "auto"
     """"auto" (CUDA when available), "cpu", "cuda", "cuda:1", ..."""
     prefetch: int = 2
@@ -183,6 +189,8 @@ class LearnerConfig:
 
     def __post_init__(self) -> None:
         positive("learner", self, ("torch_threads", "prefetch", "count"))
+        if not self.inline_below_ms >= 0:
+            raise ConfigError("learner.inline_below_ms", self.inline_below_ms, "a number >= 0")
         if self.publish_interval is not None and self.publish_interval < 1:
             raise ConfigError("learner.publish_interval", self.publish_interval, "an int >= 1")
         if self.max_policy_lag < 0:

@@ -83,6 +83,23 @@ def algorithms_taking(obs_space: Any, action_space: Any, multi_agent: bool) -> l
     return takers
 
 
+def check_lr(service: Service, lr: float | None, version: int) -> None:
+    """Say so, once, when a learner's algorithm reports a learning rate of 0: from then on
+    the policy no longer changes, and a run short of its target cannot reach it."""
+    from tianji.rl.stats import LearnerStat
+
+    if lr is None or lr > 0 or LearnerStat.LR_ZERO_AT_UPDATE in service.counters:
+        return
+    service.counters[LearnerStat.LR_ZERO_AT_UPDATE] = version
+    log.warning(
+        "%s: the learning rate reached 0 at update %d: the policy no longer learns "
+        "(an annealed schedule ended; set algo.lr_floor > 0 or a longer "
+        "algo.lr_anneal_updates)",
+        service.name,
+        version,
+    )
+
+
 def run_config_data(config: RunConfig) -> dict[str, Any]:
     """The run config as JSON data for service options."""
     return dataclasses.asdict(config)

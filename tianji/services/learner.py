@@ -1,7 +1,8 @@
 """The learner: consumes sample batches, updates the algorithm, publishes weights.
 
-Updates run in a worker thread (``asyncio.to_thread``) so heartbeats and control
-commands keep flowing during a long update. It measures the policy lag of every sample
+Long updates run in a worker thread so heartbeats and control commands keep flowing
+during them; short off-policy ones on the loop's thread
+(:mod:`tianji.services.update_runner`). It measures the policy lag of every sample
 it consumes (learner version at consumption minus the sample's behaviour version).
 
 With ``learner.count = K > 1`` there are K data-parallel learners ``learner-0..K-1``:
@@ -65,8 +66,9 @@ from tianji.runtime.errors import ConfigError, SyncFailed, TianjiError
 from tianji.runtime.events import Event
 from tianji.runtime.service import Service
 from tianji.services.allreduce import AllReduce, weights_digest
-from tianji.services.common import apply_run_options, make_algorithm, parse_run_config
+from tianji.services.common import apply_run_options, check_lr, make_algorithm, parse_run_config
 from tianji.services.numbered import take_numbered
+from tianji.services.update_runner import UpdateRunner
 
 __all__ = ["LagStats", "LearnerService"]
 
@@ -365,9 +367,13 @@ class LearnerService(Service):
             self.counters["params_resent"] += 1
 
     async def main(self) -> None:
-        import torch
-
-        torch.set_num_threads(self.config.learner.torch_threads)
+        learner = self.config.learner
+        self.runner = UpdateRunner(
+            self.name,
+            threads=learner.torch_threads,
+            inline=self.allreduce is None and self.algo.buffer_spec().kind != "rollout",
+            inline_below_ms=learner.inline_below_ms,
+        )
         if self._restored is not None and not await self._wait_restored():
             return
         self._checkpointed = (self.version, asyncio.get_running_loop().time())
@@ -390,6 +396,7 @@ class LearnerService(Service):
         finally:
             self._closing = True
             self._checkpoint_at_stop()
+            self.runner.close()
             # everything still held (queued, current, or waiting for room in the queue) is
             # dropped at stop: counted from the held count, which covers all three
             self._count_unused(self._held)
@@ -433,20 +440,6 @@ class LearnerService(Service):
             )
             await self.publish(ev, REQUESTS)
 
-    def _check_lr(self, lr: float | None) -> None:
-        """Say so, once, when the algorithm's learning rate reached 0: from then on the
-        policy no longer changes, and a run short of its target cannot reach it."""
-        if lr is None or lr > 0 or "lr_zero_at_update" in self.counters:
-            return
-        self.counters[LearnerStat.LR_ZERO_AT_UPDATE] = self.version
-        log.warning(
-            "%s: the learning rate reached 0 at update %d: the policy no longer learns "
-            "(an annealed schedule ended; set algo.lr_floor > 0 or a longer "
-            "algo.lr_anneal_updates)",
-            self.name,
-            self.version,
-        )
-
     async def _learn(self, batch: SampleBatch) -> None:
         n = int(batch.policy_versions.size)
         await self._wait_for_grant(n)
@@ -464,7 +457,7 @@ class LearnerService(Service):
         self.lag.add(lags)
         self._updating = True  # stays set if cancelled: the thread may still be updating
         started = asyncio.get_running_loop().time()
-        result = await asyncio.to_thread(self.algo.update, batch.arrays)
+        result = await self.runner.run(self.algo.update, batch.arrays)
         self.gauges[LearnerStat.UPDATE_S] += asyncio.get_running_loop().time() - started
         self._updating = False
         self.version += 1
@@ -477,7 +470,7 @@ class LearnerService(Service):
         for key, count in self.lag.as_counters().items():
             self.counters[key] = count
         self.gauges.update(result.metrics)
-        self._check_lr(result.metrics.get("lr"))
+        check_lr(self, result.metrics.get("lr"), self.version)
         self.gauges[LearnerStat.POLICY_LAG_MEAN] = float(lags.mean()) if n else 0.0
         if self.allreduce is not None:
             self.gauges["allreduce_wait_s"] = self.allreduce.wait_s

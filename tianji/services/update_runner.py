@@ -1,0 +1,97 @@
+"""Where a learner's updates run: on the event loop's thread, or in a worker thread.
+
+A worker thread keeps the loop answering (heartbeats, control commands, batches) during a
+long update: an on-policy update is epochs over a whole rollout, seconds with a CNN. But a
+short update pays for the hand-off, and torch's intra-op threads are an OpenMP team per
+calling thread: a 2-thread SAC update on HalfCheetah (256x256 networks, batches of 256)
+took nearly twice as long in a worker thread of the learner service as on its loop's thread
+(the learner's ``update_s`` gauge over its updates; ``docs/benchmarks.md``, "Continuous
+control").
+
+So an off-policy learner (one update = one minibatch step) without data-parallel peers runs
+its updates inline while each takes less than ``inline_below_ms``; the first that takes
+longer (the first three aside: they build optimizers) moves them to a worker thread for the
+rest of the run (said once in the log). K > 1 learners always use the thread: their
+gradient all-reduce waits for messages the loop receives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+__all__ = ["UpdateRunner"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class UpdateRunner:
+    """Runs a learner's updates inline or in one worker thread of its own.
+
+    Usage::
+
+        runner = UpdateRunner(name, threads=2, inline=True, inline_below_ms=100.0)
+        result = await runner.run(algo.update, batch)
+        runner.close()
+    """
+
+    def __init__(self, name: str, *, threads: int, inline: bool, inline_below_ms: float) -> None:
+        import torch
+
+        self.name, self.threads = name, threads
+        self.inline = inline and inline_below_ms > 0
+        self.limit_s = inline_below_ms / 1000.0
+        # the loop's thread gets the intra-op threads only while it runs the updates
+        torch.set_num_threads(threads if self.inline else 1)
+        self._worker: concurrent.futures.ThreadPoolExecutor | None = None
+        self.done = 0  # updates run inline
+
+    FIRST = 3
+    """Updates not judged by their time: the first ones build optimizers and buffers."""
+
+    async def run(self, fn: Callable[[Any], T], arg: Any) -> T:
+        """``fn(arg)`` inline or in the worker thread (see the module docstring)."""
+        if not self.inline:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._thread(), fn, arg)
+        started = time.perf_counter()
+        result = fn(arg)
+        took = time.perf_counter() - started
+        self.done += 1
+        if took > self.limit_s and self.done > self.FIRST:
+            self._move_to_thread(took)
+        return result
+
+    def _move_to_thread(self, took: float) -> None:
+        import torch
+
+        self.inline = False
+        torch.set_num_threads(1)
+        log.info(
+            "%s: an update took %.0f ms (> inline_below_ms %.0f): updates run in a worker "
+            "thread from now on",
+            self.name,
+            took * 1000,
+            self.limit_s * 1000,
+        )
+
+    def _thread(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._worker is None:
+            import torch
+
+            self._worker = concurrent.futures.ThreadPoolExecutor(
+                1, f"{self.name}-update", initializer=torch.set_num_threads,
+                initargs=(self.threads,),
+            )  # fmt: skip
+        return self._worker
+
+    def close(self) -> None:
+        """Let the worker thread end once its update (if any) is done."""
+        if self._worker is not None:
+            self._worker.shutdown(wait=False)
