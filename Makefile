@@ -2,9 +2,9 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-# The ray, video, multiagent, bench, atari and mujoco extras are installed too, so `make test`
-# runs the Ray backend's, `tianji eval --video`'s, the multi-agent, Atari and MuJoCo tests
-# and the pyzmq and Stable-Baselines3 paths behind the published comparisons.
+# The ray, video, multiagent, bench, atari, mujoco and export extras are installed too, so
+# `make test` runs the Ray backend's, `tianji eval --video`'s, the multi-agent, Atari, MuJoCo
+# and ONNX tests and the pyzmq and Stable-Baselines3 paths behind the published comparisons.
 # constraints/cpu.txt pins the CPU torch 2.13.0 for this install path; the package itself
 # admits newer torch.
 PIP_INSTALL := $(PY) -m pip install --disable-pip-version-check -q -c constraints/cpu.txt
@@ -13,7 +13,7 @@ PIP_INSTALL := $(PY) -m pip install --disable-pip-version-check -q -c constraint
 
 $(VENV)/.installed: pyproject.toml constraints/cpu.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PIP_INSTALL) -e ".[dev,ray,video,multiagent,bench,atari,mujoco]"
+	$(PIP_INSTALL) -e ".[dev,ray,video,multiagent,bench,atari,mujoco,export]"
 	touch $@
 
 setup: $(VENV)/.installed

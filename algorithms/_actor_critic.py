@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from tianji.algorithms._nets import mlp, resolve_torso
+from tianji.algorithms._nets import is_custom, is_image_space, mlp, resolve_torso
 from tianji.algorithms._policy_net import PolicyNetSpec
 from tianji.algorithms._recurrent import RecurrentActorCritic
 from torch import nn
@@ -40,11 +40,14 @@ def actor_critic(
     Raises:
         ConfigError: if ``torso`` does not suit the observations.
     """
+    resolved = resolve_torso("algo.torso", torso, observation_space)
+    custom = resolved if is_custom(resolved) else ""
     spec = PolicyNetSpec(
         observation_space=observation_space,
         out_dim=out_dim,
         hidden=tuple(hidden),
-        image=resolve_torso("algo.torso", torso, observation_space) == "nature",
+        image=resolved == "nature" or bool(custom and is_image_space(observation_space)),
+        custom_torso=custom,
         continuous=continuous,
         init_log_std=init_log_std,
         normalize_obs=normalize_obs,
@@ -65,7 +68,7 @@ class ActorCritic(nn.Module):
         self.image = spec.image
         self.obs_norm = spec.obs_norm()
         self.torso: nn.Module | None = None
-        if spec.image or shared:
+        if spec.image or shared or spec.custom_torso:
             self.torso, features = spec.torso()
             self.actor = mlp(features, (), spec.out_dim, out_gain=0.01)
             self.critic = mlp(features, (), 1, out_gain=1.0)

@@ -28,8 +28,10 @@ __all__ = [
     "as_hidden",
     "box_obs_problem",
     "build_network",
+    "custom_torso",
     "flat_dim",
     "gradient_step",
+    "is_custom",
     "is_image_space",
     "load_numpy_weights",
     "mlp",
@@ -162,8 +164,37 @@ def obs_tensor(obs: np.ndarray, device: torch.device, *, image: bool = False) ->
 
 
 TORSOS = ("auto", "mlp", "nature")
-"""What ``[algo] torso`` may say: "auto" picks "nature" for image observations (see
-:func:`is_image_space`) and "mlp" otherwise."""
+"""What ``[algo] torso`` may say besides a custom ``"module:Class"`` (:func:`custom_torso`):
+"auto" picks "nature" for image observations (see :func:`is_image_space`) and "mlp"
+otherwise."""
+
+
+def is_custom(torso: str) -> bool:
+    """Whether ``torso`` names a user class (``"package.module:Class"``, ``"file.py:Class"``)."""
+    return ":" in torso
+
+
+def custom_torso(key: str, spec: str, observation_space: Any) -> tuple[nn.Module, int]:
+    """The user's torso and its output size: ``Class(observation_space)``, a
+    ``torch.nn.Module`` with an int attribute ``features``, taking what the built-in torsos
+    take (float32 ``[B, D]`` flattened vectors, or uint8 images as the env gives them).
+
+    Raises:
+        ConfigError: naming ``key`` and the spec when it cannot be imported or built, or
+            the object is not such a module.
+    """
+    from tianji.rl.registry import load_object
+
+    cls = load_object(spec)
+    try:
+        torso = cls(observation_space)
+    except Exception as exc:  # the user's constructor: any failure is a config error
+        raise ConfigError(key, spec, f"a class taking the observation space ({exc})") from exc
+    features = getattr(torso, "features", None)
+    if not isinstance(torso, nn.Module) or type(features) is not int or features <= 0:
+        why = "a torch.nn.Module class with an int attribute `features` (its output size)"
+        raise ConfigError(key, spec, why)
+    return torso, features
 
 
 def is_image_space(space: Any) -> bool:
@@ -184,8 +215,10 @@ def resolve_torso(key: str, torso: str, observation_space: Any) -> str:
         ConfigError: for a torso name not in :data:`TORSOS`, or "nature" for observations
             that are not images.
     """
+    if is_custom(torso):
+        return torso
     if torso not in TORSOS:
-        raise ConfigError(key, torso, f"one of {', '.join(TORSOS)}")
+        raise ConfigError(key, torso, f"one of {', '.join(TORSOS)}, or 'module:Class'")
     image = is_image_space(observation_space)
     if torso == "auto":
         return "nature" if image else "mlp"
@@ -248,12 +281,16 @@ def build_network(
     Args:
         torso: a resolved torso (:func:`resolve_torso`): "nature" gives
             :class:`NatureCNN` and a linear head (``hidden`` unused: its 512-unit layer is
-            the hidden layer), "mlp" an :func:`mlp` over the flattened observation.
+            the hidden layer), "mlp" an :func:`mlp` over the flattened observation, a
+            ``"module:Class"`` the user's torso (:func:`custom_torso`) and a linear head.
         activation, out_gain: as for :func:`mlp` (the CNN head gets ``out_gain`` too).
     """
     shape = tuple(observation_space.shape)
     if torso == "nature":
         return nn.Sequential(NatureCNN(shape), _linear(NatureCNN.features, out_dim, out_gain))
+    if is_custom(torso):
+        body, features = custom_torso("algo.torso", torso, observation_space)
+        return nn.Sequential(body, _linear(features, out_dim, out_gain))
     return mlp(flat_dim(shape), hidden, out_dim, activation=activation, out_gain=out_gain)
 
 

@@ -8,7 +8,7 @@ import dataclasses
 from typing import Any
 
 import torch
-from tianji.algorithms._nets import NatureCNN, flat_dim, mlp
+from tianji.algorithms._nets import NatureCNN, custom_torso, flat_dim, mlp
 from tianji.algorithms._normalize import ObsNormalizer
 from torch import nn
 
@@ -24,7 +24,7 @@ class PolicyNetSpec:
             MLP over the flattened observation (``hidden`` sizes, tanh).
         out_dim: the policy head's size (logits, or a Gaussian's mean).
         hidden: MLP torso sizes (unused for images).
-        image: whether the torso is the CNN.
+        image: whether the input is uint8 images (the CNN's, or a custom torso's).
         continuous: a learned log standard deviation for a Gaussian policy.
         init_log_std: its initial value.
         normalize_obs: standardize observations before the torso (:class:`ObsNormalizer`,
@@ -38,6 +38,9 @@ class PolicyNetSpec:
     continuous: bool
     init_log_std: float = 0.0
     normalize_obs: bool = False
+    custom_torso: str = ""
+    """A user torso (``"module:Class"``, :func:`~tianji.algorithms._nets.custom_torso`)
+    instead of the CNN or the MLP."""
 
     @property
     def in_dim(self) -> int:
@@ -59,6 +62,8 @@ class PolicyNetSpec:
     def torso(self) -> tuple[nn.Module, int]:
         """One torso for both heads and its feature size: the CNN for images, else a tanh
         MLP ending in ``hidden[-1]`` features."""
+        if self.custom_torso:
+            return custom_torso("algo.torso", self.custom_torso, self.observation_space)
         if self.image:
             return NatureCNN(self.observation_space.shape), NatureCNN.features
         sizes = self.hidden

@@ -235,6 +235,10 @@ class QLearner(AlgorithmBase):
         c = self.config
         return epsilon_at(self.version, c.epsilon_start, c.epsilon_end, c.epsilon_decay_updates)
 
+    def actor_metrics(self) -> dict[str, float]:
+        """What an actor reports after each fragment: the epsilon it explored with."""
+        return {"epsilon": self.epsilon}
+
     def _explore(self, greedy: np.ndarray) -> np.ndarray:
         """:func:`epsilon_greedy` at the current :attr:`epsilon`."""
         return epsilon_greedy(greedy, self.n_actions, self.epsilon, self.rng)

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from tianji.algorithms import _nets as nets
 from tianji.algorithms._base import Spaces
+from tianji.algorithms._export import GreedyPolicy
 from tianji.algorithms._replay import QLearner, ReplayConfig, n_step_transitions, td_loss
 
 from tianji.rl.algorithm import BufferSpec, UpdateResult
@@ -37,7 +38,9 @@ class DQNConfig(ReplayConfig):
 
     torso: str = "auto"
     """The Q-network's body: "mlp", "nature" (the Nature-DQN CNN for uint8 image
-    observations, e.g. the Atari preset's) or "auto" (the CNN for images, else the MLP)."""
+    observations, e.g. the Atari preset's), "auto" (the CNN for images, else the MLP) or
+    your own ``"package.module:Class"`` / ``"file.py:Class"`` (``Class(observation_space)``,
+    an ``nn.Module`` with an int ``features``; a linear head is put on it)."""
     double: bool = True
     """Pick next actions with the online net and evaluate them with the target net."""
     prioritized: bool = False
@@ -106,7 +109,8 @@ class DQN(QLearner):
         self.n_actions = int(spaces.action.n)
         self.action_start = int(spaces.action.start)
         torso = nets.resolve_torso("algo.torso", config.torso, observation_space)
-        self.image = torso == "nature"
+        image_input = nets.is_custom(torso) and nets.is_image_space(observation_space)
+        self.image = torso == "nature" or image_input  # uint8 pixels go in as they are
         with nets.seeded_init(seed):
             self.q = nets.build_network(torso, observation_space, config.hidden, self.n_actions)
             self.q_target = nets.build_network(
@@ -128,6 +132,10 @@ class DQN(QLearner):
         if explore:
             greedy = self._explore(greedy)
         return {"action": (greedy + self.action_start).astype(np.int64)}
+
+    def greedy_module(self) -> GreedyPolicy:
+        """The greedy policy as one torch module (``tianji export``): the argmax of Q."""
+        return GreedyPolicy(self.q, image=self.image, discrete_start=self.action_start)
 
     def postprocess(self, fragment: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Flat n-step transitions from a ``[T, N]`` fragment (see :func:`n_step_transitions`)."""

@@ -33,6 +33,7 @@ import torch
 from tianji.algorithms._actor_critic import ActorCritic, actor_critic
 from tianji.algorithms._base import Spaces
 from tianji.algorithms._distributions import head_stats, sample_categorical, sample_gaussian
+from tianji.algorithms._export import GreedyPolicy
 from tianji.algorithms._gae import gae
 from tianji.algorithms._losses import Objective, kl_stats, normalized, ppo_objective
 from tianji.algorithms._nets import (
@@ -93,8 +94,10 @@ class PPOConfig(OnPolicyConfig):
     "nature" torso is always shared)."""
     torso: str = "auto"
     """The network's body: "mlp" (``hidden``), "nature" (the Nature-DQN CNN for uint8
-    image observations, e.g. the Atari preset's; one torso, two linear heads) or "auto"
-    (the CNN for images, else the MLP)."""
+    image observations, e.g. the Atari preset's; one torso, two linear heads), "auto"
+    (the CNN for images, else the MLP) or your own ``"package.module:Class"`` /
+    ``"file.py:Class"`` (``Class(observation_space)``, an ``nn.Module`` with an int
+    ``features``; shared by two linear heads, as the CNN is)."""
     init_log_std: float = 0.0
     """Initial log standard deviation of the Gaussian policy (Box actions)."""
     vtrace: bool = False
@@ -251,6 +254,27 @@ class PPO(OnPolicyAlgorithm):
 
     def _input(self, obs: np.ndarray) -> torch.Tensor:
         return obs_tensor(obs, self.device, image=self.net.image)
+
+    def greedy_module(self) -> GreedyPolicy:
+        """The greedy policy as one torch module (``tianji export``): the mode of the
+        policy head (argmax of the logits, or the Gaussian's mean clipped to the bounds).
+
+        Raises:
+            ConfigError: for a recurrent policy: its state between steps is not part of a
+                plain observations-to-actions module.
+        """
+        if isinstance(self.net, RecurrentActorCritic):
+            why = (
+                'core = "none" to export: a recurrent policy carries a state from step to step '
+                "that an observations-to-actions module cannot hold (tianji eval plays it)"
+            )
+            raise ConfigError("algo.core", self.config.core, why)
+        if self.continuous:
+            return GreedyPolicy(
+                self.net, image=self.net.image, low=self.low, high=self.high,
+                action_shape=self.action_shape,
+            )  # fmt: skip
+        return GreedyPolicy(self.net, image=self.net.image, discrete_start=self.action_start)
 
     def postprocess(self, fragment: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The fragment unchanged except for compact dtypes (see :func:`compact_fragment`)."""

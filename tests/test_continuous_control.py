@@ -167,6 +167,74 @@ def test_sac_and_td3_learn_pendulum_at_one_update_per_env_step(
     actors = [v for k, v in s["services"].items() if v["role"] == "actor"]
     # the random warm-up: 1000 env steps split over the 2 actors, exactly
     assert sum(a["counters"].get("random_steps", 0) for a in actors) == 1000
-    # one update per env step after the warm-up of 1000 (learning_starts), within the band
+    # one update per env step after the warm-up of 1000 (learning_starts), within the band,
+    # reported as such; the samples' age is an age, not an on-policy lag
     ratio = s["learner_updates"] / (s["env_steps"] - 1000)
     assert 0.8 <= ratio <= 1.05, (s["learner_updates"], s["env_steps"])
+    assert s["updates_per_env_step"] == pytest.approx(ratio, abs=0.01)
+    assert s["policy_lag"] is None and s["sample_age"]["mean"] > 0
+
+
+TORSO = "examples/custom_torso.py:LayerNormMLP"
+
+
+@pytest.mark.parametrize("name", ["ppo", "dqn"])
+def test_an_in_tree_algorithm_takes_a_custom_torso_by_name(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ROOT)  # the file path is relative to where tianji runs
+    cls, env = algorithms.get(name), gym.make("CartPole-v1")
+    algo = cls(cls.Config(torso=TORSO), env.observation_space, env.action_space, seed=0)
+    net = algo.net if name == "ppo" else algo.q
+    modules = {type(m).__name__ for m in net.modules()}
+    assert "LayerNormMLP" in modules and "LayerNorm" in modules
+    out = algo.act(np.zeros((3, 4), np.float32), explore=False)["action"]
+    assert out.shape == (3,)
+
+
+@pytest.mark.parametrize(
+    ("torso", "match"),
+    [("examples/custom_torso.py:Nope", "Nope"), ("builtins:repr", "features")],
+)
+def test_a_torso_that_cannot_be_built_is_named(
+    torso: str, match: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ROOT)
+    cls, env = algorithms.get("ppo"), gym.make("CartPole-v1")
+    with pytest.raises(ConfigError, match=match) as info:
+        cls(cls.Config(torso=torso), env.observation_space, env.action_space, seed=0)
+    assert "torso" in str(info.value)
+
+
+def test_a_mujoco_id_without_mujoco_installed_says_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import importlib
+
+    from tianji.rl.config import EnvConfig
+    from tianji.rl.envs import env_factory
+
+    real = importlib.import_module
+
+    def no_mujoco(name: str, *args: object) -> object:
+        if name == "mujoco":
+            raise ImportError("No module named 'mujoco'")
+        return real(name, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(importlib, "import_module", no_mujoco)
+    for env in (EnvConfig(id="Hopper-v5"), EnvConfig(id="Hopper-v5", preset="mujoco")):
+        with pytest.raises(ConfigError, match=r"tianji\[mujoco\]") as info:
+            env_factory(env)
+        assert "Hopper-v5" in str(info.value)
+    with pytest.raises(ConfigError, match="HalfCheetah-v5"):  # a close MuJoCo id is named
+        env_factory(EnvConfig(id="HalfCheeta-v5", preset="mujoco"))
+
+
+@pytest.mark.slow
+def test_the_mujoco_examples_run_from_a_fresh_setup(tmp_path: Path) -> None:
+    pytest.importorskip("mujoco")
+    for example in ("halfcheetah_sac", "hopper_td3"):
+        s = train(tmp_path, example, "--max-seconds", "12", "--set", "algo.learning_starts=400",
+                  "--set", "algo.random_steps=400", "--set", "algo.hidden=[32, 32]")  # fmt: skip
+        assert s["env_steps"] >= 400 and s["learner_updates"] > 0, s["env_steps"]
+        assert s["accounting"]["balanced"], s["accounting"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import json
 import re
 import shutil
@@ -387,3 +388,54 @@ def test_a_training_run_is_watched_over_http_and_in_chromium(tmp_path: Path) -> 
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out[-3000:]
+
+
+# ------------------------------------------------- the lag chart, drawn by Chromium
+STATIC = Path(__file__).resolve().parents[1] / "tianji" / "dashboard" / "static"
+
+
+def _bars_in_chromium(histogram: dict[str, int], tmp_path: Path) -> str:
+    """The SVG ``barPlot`` draws for ``histogram``, rendered by headless Chromium."""
+    page = tmp_path / "bars.html"
+    page.write_text(
+        '<!doctype html><html><body><svg id="x" viewBox="0 0 560 240"></svg>'
+        f'<script src="{(STATIC / "dashboard.js").as_uri()}"></script>'
+        f"<script>barPlot(document.getElementById('x'), {json.dumps(histogram)}, 'age');"
+        "</script></body></html>"
+    )
+    dom = _chromium(
+        "--allow-file-access-from-files", "--virtual-time-budget=2000", "--dump-dom",
+        page.as_uri(), profile=tmp_path / "p",
+    )  # fmt: skip
+    svg = re.search(r'<svg id="x".*?</svg>', dom, re.S)
+    assert svg is not None, dom[:2000]
+    return svg.group(0)
+
+
+@pytest.mark.parametrize(
+    "histogram",
+    [
+        {str(2**k): 1000 + 37 * k for k in range(5, 13)},  # a replay run's ages, 32 ... 4096
+        {"0": 980, "1": 15, "2": 5},  # an on-policy run's lags, one bucket dominating
+        {str(k): 1 for k in range(40)},  # many small buckets
+    ],
+    ids=["replay-ages", "on-policy-lags", "forty-buckets"],
+)
+def test_the_lag_chart_reads_well_for_any_range_of_buckets(
+    histogram: dict[str, int], tmp_path: Path
+) -> None:
+    if shutil.which("chromium") is None and shutil.which("chromium-browser") is None:
+        pytest.skip("chromium is not installed (.ci/run installs it)")
+    svg = _bars_in_chromium(histogram, tmp_path)
+    rects = re.findall(r'<rect class="bar" x="([\d.]+)" y="[\d.]+" width="([\d.]+)" '
+                       r'height="([\d.]+)"', svg)  # fmt: skip
+    assert len(rects) == len(histogram)  # one visible bar per bucket
+    assert all(float(w) >= 4 and float(h) >= 1 for _, w, h in rects), rects
+    starts = [float(x) for x, _, _ in rects]
+    assert starts == sorted(starts) and all(b - a >= 4 for a, b in itertools.pairwise(starts))
+    ticks = re.findall(r'<text class="tick" x="([\d.]+)"[^>]*>([^<]+)</text>', svg)
+    xs = [float(x) for x, _ in ticks]
+    assert 1 <= len(ticks) <= 12 and all(56 <= x <= 560 - 12 for x in xs), ticks
+    assert all(b - a >= 30 for a, b in itertools.pairwise(xs)), ticks  # no labels pile up
+    axis = re.findall(r'text-anchor="end">([^<]+%)</text>', svg)
+    assert len(axis) == 5 and len(set(axis)) == 5, axis  # no tick label printed twice

@@ -301,7 +301,7 @@ def test_a_multi_agent_checkpoint_restores_exactly_and_plays_team_episodes_in_ev
 ) -> None:
     from tianji.rl.checkpoint import algorithm_state, pack_state, read_checkpoint, write_checkpoint
     from tianji.run.config import load_config
-    from tianji.run.evaluate import evaluate, load_policy
+    from tianji.run.evaluate import evaluate, load_algorithm
     from tianji.run.rundir import RunDirectory
 
     config = load_config(EXAMPLES / f"spread_{algorithm}.toml", [f'run_dir="{tmp_path}"'])
@@ -312,7 +312,7 @@ def test_a_multi_agent_checkpoint_restores_exactly_and_plays_team_episodes_in_ev
     meta = {"policy_version": 42, "unix": 0.0, "run": {}, "algorithm": algorithm}
     state = pack_state(algorithm_state(algo))
     path = write_checkpoint(run_dir / "checkpoints", state, {**meta, "env_id": config.env.id})
-    restored = load_policy(config, read_checkpoint(path), device="cpu")
+    restored = load_algorithm(config, read_checkpoint(path), device="cpu")
     for (name, mine), theirs in zip(
         algo.get_weights().items(), restored.get_weights().values(), strict=True
     ):

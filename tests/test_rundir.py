@@ -257,6 +257,18 @@ def test_the_plain_line_keeps_its_fields() -> None:
     assert "return(last 20)       - |" in empty and "lag    - |" in empty
 
 
+def test_a_replay_run_shows_updates_per_env_step_and_sample_age_not_a_lag() -> None:
+    lag = {"mean": 4592.5, "p50": 4096.0, "p95": 8192.0, "max": 9000.0}
+    replay = _snapshot(buffer_unit="transitions", lag=lag, updates_per_s=100.0,
+                       env_steps_per_s=125.0)  # fmt: skip
+    line = progress.plain_line(replay)
+    assert "| upd/step 0.80 | age  4.6k |" in line and "lag" not in line, line
+    out = io.StringIO()
+    Console(file=out, force_terminal=False, width=200).print(progress.render(replay, "run"))
+    table = out.getvalue()
+    assert "sample age" in table and "4.6k" in table and "policy lag" not in table
+
+
 def test_a_stalled_run_says_so_in_the_line_and_the_table() -> None:
     stalled = {"seconds": 31.4, "state": "actor-0 waits for a grant (sent 4 of 4 granted)"}
     controller = {**(_snapshot().controller or {}), "stalled": stalled}

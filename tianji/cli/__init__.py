@@ -81,10 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     from tianji.cli.deploy import add_deploy_parsers
     from tianji.cli.evaluate import add_eval_parser
+    from tianji.cli.export import add_export_parser
     from tianji.cli.train import add_train_parser
 
     add_train_parser(sub)
     add_eval_parser(sub)
+    add_export_parser(sub)
     add_deploy_parsers(sub)
 
     p = sub.add_parser("version", help="print the version")

@@ -295,6 +295,7 @@ def status(
         "elapsed_s": round(elapsed, 3),
         "counters": counters,
         "policy_lag": lag_summary(beats),
+        "on_policy": on_policy,
         "lag_histogram": lag_histogram(beats),
         "controller": balance,
         "accounting": accounting(beats, on_policy),

@@ -113,9 +113,13 @@ class ActorConfig:
     """Groups of envs per actor (an env ring): with ``inference = "service"`` one group
     steps its envs while another waits for its actions. ``envs_per_actor`` must be a
     multiple of it."""
+    torch_threads: int = 1
+    """torch intra-op threads of each actor's local policy (more only pays for a large
+    network, e.g. a CNN, with cores to spare)."""
 
     def __post_init__(self) -> None:
-        positive("actors", self, ("count", "envs_per_actor", "fragment_length", "splits"))
+        counts = ("count", "envs_per_actor", "fragment_length", "splits", "torch_threads")
+        positive("actors", self, counts)
         if self.envs_per_actor % self.splits:
             why = f"a divisor of actors.envs_per_actor={self.envs_per_actor}"
             raise ConfigError("actors.splits", self.splits, why)
@@ -163,10 +167,11 @@ class LearnerConfig:
     """torch intra-op threads of the learner's updates."""
     inline_below_ms: float = 100.0
     """An off-policy learner without data-parallel peers runs its updates on its event
-    loop's thread while each takes less than this many milliseconds (a thread hand-off and
-    a second OpenMP team cost short updates more than they save); the first longer one
-    moves them to a worker thread for the rest of the run. On-policy updates (epochs over a
-    rollout) always run in the worker thread. 0: always the thread."""
+    loop's thread while they take less than this many milliseconds on average (a thread
+    hand-off and a second OpenMP team cost short updates more than they save); past it, or
+    after one update over a second, they move to a worker thread for the rest of the run
+    (``tianji.services.update_runner``). On-policy updates (epochs over a rollout) always
+    run in the worker thread. 0: always the thread."""
     device: str = "auto"
     """"auto" (CUDA when available), "cpu", "cuda", "cuda:1", ..."""
     prefetch: int = 2

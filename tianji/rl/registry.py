@@ -14,9 +14,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from tianji.runtime.plugins import Registry
+from tianji.runtime.plugins import Registry, load_factory
 
-__all__ = ["ALGORITHMS", "ENTRY_POINT_GROUP", "get", "names", "register"]
+__all__ = ["ALGORITHMS", "ENTRY_POINT_GROUP", "get", "load_object", "names", "register"]
+
+load_object = load_factory
+"""Import ``"package.module:Name"`` or ``"path/file.py:Name"`` (a file is imported as
+``tianji_user.<stem>``); raises ``ConfigError`` naming the spec (e.g. a custom torso)."""
 
 ALGORITHMS = Registry(
     "algorithm",

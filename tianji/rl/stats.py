@@ -94,6 +94,9 @@ class ActorStat:
     EPISODES: Final = "episodes"
     RANDOM_STEPS: Final = "random_steps"
     """Env steps acted uniformly at random (the algorithm's ``random_steps`` warm-up)."""
+    ALGO_PREFIX: Final = "algo/"
+    """Gauges ``algo/<name>``: what the algorithm's ``actor_metrics()`` reported after the
+    actor's last fragment."""
     # gauges
     POLICY_VERSION: Final = "policy_version"
     """The version of the weights it acts with."""

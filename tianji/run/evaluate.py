@@ -45,7 +45,7 @@ __all__ = [
     "check_compatible",
     "check_video_path",
     "evaluate",
-    "load_policy",
+    "load_algorithm",
     "make_eval_env",
     "open_run",
     "resolve_checkpoint",
@@ -129,7 +129,7 @@ def check_compatible(ckpt: Checkpoint, config: RunConfig) -> None:
     check_identity(ckpt, config.algorithm, config.env.id)
 
 
-def load_policy(config: RunConfig, ckpt: Checkpoint, *, device: str) -> Any:
+def load_algorithm(config: RunConfig, ckpt: Checkpoint, *, device: str) -> Any:
     """Build the run's algorithm and load the checkpoint's weights into it.
 
     Args:
@@ -348,7 +348,7 @@ def evaluate(
     run, config = open_run(run_dir)
     ckpt = _checked(run, config, checkpoint, video)
     seed = config.seed if seed is None else seed
-    algo = load_policy(config, ckpt, device=device)
+    algo = load_algorithm(config, ckpt, device=device)
     env = make_eval_env(config, video=video, seed=seed)
     try:
         returns, lengths = _play(env, algo, episodes, seed, video, out)

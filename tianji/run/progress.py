@@ -22,7 +22,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from tianji.rl.lagstats import LagStats
-from tianji.rl.stats import BufferStat, LearnerStat
+from tianji.rl.stats import ActorStat, BufferStat, LearnerStat
 from tianji.runtime.controller import Controller
 from tianji.runtime.events import Heartbeat
 from tianji.services.balancer import accounting, balancer_of
@@ -109,6 +109,8 @@ class Snapshot:
     """Subscriber -> {"publisher address": why it cannot connect} (Controller.failing_links)."""
     evaluation: dict[str, Any] | None = None
     """The newest evaluation (``[eval] workers``; see ``TrainMonitor.evaluations``)."""
+    actors: dict[str, float] = dataclasses.field(default_factory=dict)
+    """The algorithm's actor-side metrics (``actor_metrics()``), averaged over the actors."""
 
 
 def _role(controller: Controller, role: str) -> list[Heartbeat]:
@@ -226,7 +228,21 @@ def take_snapshot(
         missing=missing,
         links_down=controller.failing_links(),
         evaluation=newest_evaluation(monitor),
+        actors=actor_metrics(controller),
     )
+
+
+def actor_metrics(controller: Controller) -> dict[str, float]:
+    """Each ``algo/<name>`` gauge of the live actors (an algorithm's ``actor_metrics()``),
+    averaged over the actors that report it."""
+    values: dict[str, list[float]] = {}
+    for hb in _role(controller, "actor"):
+        if "#" in hb.name:
+            continue  # an earlier incarnation
+        for key, value in hb.gauges.items():
+            if key.startswith(ActorStat.ALGO_PREFIX):
+                values.setdefault(key.removeprefix(ActorStat.ALGO_PREFIX), []).append(value)
+    return {k: sum(v) / len(v) for k, v in sorted(values.items())}
 
 
 def _prev(previous: Snapshot | None, field: str, start: int = 0) -> float:
@@ -237,11 +253,10 @@ def _prev(previous: Snapshot | None, field: str, start: int = 0) -> float:
 def plain_line(s: Snapshot) -> str:
     """One human-readable progress line (the display when output is not a terminal)."""
     ret = f"{s.mean_return:7.1f}" if s.mean_return is not None else "      -"
-    lag = f"{s.lag['mean']:4.1f}" if s.lag is not None else "   -"
     line = (
         f"[{s.elapsed:6.1f}s] env steps {s.env_steps:>8} ({s.env_steps_per_s:6.0f}/s)"
         f" | episodes {s.episodes:>5} | return(last {s.window}) {ret}"
-        f" | updates {s.updates:>5} | lag {lag} | buffer {s.buffer_size:6.0f}"
+        f" | updates {s.updates:>5} | {_staleness(s)} | buffer {s.buffer_size:6.0f}"
     )
     if s.evaluation is not None:
         line += f" | eval {s.evaluation['mean']:7.1f} (v{s.evaluation['policy_version']})"
@@ -257,6 +272,24 @@ def plain_line(s: Snapshot) -> str:
     if stalled:
         line += f" | STALLED {stalled['seconds']:.0f}s: {stalled['state']}"
     return line
+
+
+def _staleness(s: Snapshot) -> str:
+    """On-policy: ``lag 1.2`` (policy versions behind, bounded). Replay: ``upd/step 1.00 |
+    age 4.6k`` (updates per env step over the interval; a sample's mean age in updates when
+    drawn: old samples are replay's point, not an alarm)."""
+    if s.buffer_unit == "fragments":
+        return f"lag {s.lag['mean']:4.1f}" if s.lag is not None else "lag    -"
+    rate = f"{s.updates_per_s / s.env_steps_per_s:4.2f}" if s.env_steps_per_s > 0 else "   -"
+    age = _count(s.lag["mean"]) if s.lag is not None else "-"
+    return f"upd/step {rate} | age {age:>5}"
+
+
+def _count(x: float) -> str:
+    """``950``, ``4.6k``, ``1.2M``."""
+    if x >= 1e6:
+        return f"{x / 1e6:.1f}M"
+    return f"{x / 1e3:.1f}k" if x >= 1e3 else f"{x:.0f}"
 
 
 def _unhealthy(s: Snapshot, sep: str) -> str:
@@ -300,6 +333,7 @@ def metrics_row(s: Snapshot) -> dict[str, Any]:
         "buffer_size": s.buffer_size,
         "services": _services(s),
         "learner": s.learner,
+        "actors": s.actors,
         "controller": s.controller,
         "accounting": s.accounting,
     }
@@ -333,6 +367,7 @@ def scalars(s: Snapshot) -> dict[str, float]:
     if s.lag is not None:
         out["lag/mean"], out["lag/p95"] = s.lag["mean"], s.lag["p95"]
     out.update({f"learner/{k}": float(v) for k, v in sorted(s.learner.items())})
+    out.update({f"actor/{k}": v for k, v in s.actors.items()})
     c = s.controller
     if c is not None:
         out["balance/production_per_s"] = c["production_per_s"]
@@ -358,7 +393,10 @@ def render(s: Snapshot, title: str = "tianji") -> Table:
     if s.evaluation is not None:
         e = s.evaluation
         table.add_row("eval return", f"{e['mean']:.1f} ± {e['std']:.1f} (v{e['policy_version']})")
-    table.add_row("policy lag", lag)
+    if s.buffer_unit == "fragments":
+        table.add_row("policy lag", lag)
+    else:
+        table.add_row("updates / env step, sample age", _staleness(s).replace(" | ", ", "))
     if s.learner.get("lr") == 0.0:
         table.add_row("[red]learning rate[/red]", "0: the policy no longer learns")
     table.add_row("buffer", _fill(s))

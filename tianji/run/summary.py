@@ -78,7 +78,7 @@ def summarize(
         ),
         "env_steps_to_target": monitor.steps_to_target,
         "target_reached_unix": monitor.target_unix,
-        "policy_lag": lag_summary(controller.heartbeats),
+        **_staleness(controller, monitor, totals["updates"] - start_updates, on_policy),
         "controller": balancer.metrics(controller.heartbeats) if balancer else None,
         "accounting": books,
         "restarts": dict(sorted(controller.restarts.items())),
@@ -90,6 +90,23 @@ def summarize(
         },
         "services": _services(controller),
     }
+
+
+def _staleness(
+    controller: Controller, monitor: TrainMonitor, updates: int, on_policy: bool
+) -> dict[str, Any]:
+    """On-policy runs: ``policy_lag`` (versions between a sample's policy and the learner's
+    at its update; bounded). Replay runs: ``sample_age`` (the same count, in learner updates
+    since the sample was collected: replay reuses old samples by design, so it is an age,
+    not an alarm) and ``updates_per_env_step`` (counted from the warm-up on)."""
+    lags = lag_summary(controller.heartbeats)
+    if on_policy:
+        return {"policy_lag": lags, "sample_age": None, "updates_per_env_step": None}
+    balancer = balancer_of(controller)
+    warm_up = balancer.config.min_replay_size if balancer is not None else 0
+    steps = monitor.env_steps_here - warm_up
+    per_step = round(updates / steps, 4) if steps > 0 else None
+    return {"policy_lag": None, "sample_age": lags, "updates_per_env_step": per_step}
 
 
 def _services(controller: Controller) -> dict[str, Any]:

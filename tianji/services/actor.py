@@ -243,6 +243,10 @@ class ActorService(Service):
         version = self.fragment_version if self.remote else self.policy_version
         samples = self.algo.postprocess(fragment)
         produced = transitions(samples)
+        report = getattr(self.algo, "actor_metrics", None)
+        if report is not None:  # the algorithm's own actor-side numbers
+            for key, value in report().items():
+                self.gauges[f"{ActorStat.ALGO_PREFIX}{key}"] = float(value)
         self.counters[ActorStat.ENV_STEPS] += actors.fragment_length * actors.envs_per_actor
         self.counters[ActorStat.SAMPLES_PRODUCED] += produced
         self.counters[ActorStat.FRAGMENTS_SENT] += 1  # in the same heartbeat as the samples
@@ -293,7 +297,7 @@ class ActorService(Service):
     async def main(self) -> None:
         import torch
 
-        torch.set_num_threads(1)
+        torch.set_num_threads(self.config.actors.torch_threads)
         actors = self.config.actors
         per_group = actors.envs_per_actor // actors.splits
         groups = [make_vector_env(self.config.env, per_group) for _ in range(actors.splits)]

@@ -9,15 +9,17 @@ took nearly twice as long in a worker thread of the learner service as on its lo
 control").
 
 So an off-policy learner (one update = one minibatch step) without data-parallel peers runs
-its updates inline while each takes less than ``inline_below_ms``; the first that takes
-longer (the first three aside: they build optimizers) moves them to a worker thread for the
-rest of the run (said once in the log). K > 1 learners always use the thread: their
-gradient all-reduce waits for messages the loop receives.
+its updates inline while they take less than ``inline_below_ms`` (the mean of the last
+eight; the first three, which build optimizers, aside) and none takes a second; past that
+they move to a worker thread for the rest of the run (said once in the log). K > 1
+learners always use the thread: their gradient all-reduce waits for messages the loop
+receives.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import logging
 import time
@@ -50,8 +52,12 @@ class UpdateRunner:
         # the loop's thread gets the intra-op threads only while it runs the updates
         torch.set_num_threads(threads if self.inline else 1)
         self._worker: concurrent.futures.ThreadPoolExecutor | None = None
-        self.done = 0  # updates run inline
-
+        self.recent: collections.deque[float] = collections.deque(maxlen=self.WINDOW)
+        self.seen = 0  # updates run inline
+    WINDOW = 8
+    """Updates whose mean time decides (the last ones)."""
+    MOST_S = 1.0
+    """An update that takes longer moves them at once (the loop must answer heartbeats)."""
     FIRST = 3
     """Updates not judged by their time: the first ones build optimizers and buffers."""
 
@@ -63,9 +69,16 @@ class UpdateRunner:
         started = time.perf_counter()
         result = fn(arg)
         took = time.perf_counter() - started
-        self.done += 1
-        if took > self.limit_s and self.done > self.FIRST:
-            self._move_to_thread(took)
+        self.seen += 1
+        if self.seen <= self.FIRST:  # they build optimizers and buffers: not judged
+            return result
+        self.recent.append(took)
+        # judged on the mean of the last few: one slow update (a checkpoint, a collection, a
+        # busy machine) does not move them for good; one that would starve the heartbeats does
+        mean = sum(self.recent) / len(self.recent)
+        full = len(self.recent) == self.WINDOW
+        if (full and mean > self.limit_s) or took > self.MOST_S:
+            self._move_to_thread(max(mean, took))
         return result
 
     def _move_to_thread(self, took: float) -> None:
@@ -74,8 +87,8 @@ class UpdateRunner:
         self.inline = False
         torch.set_num_threads(1)
         log.info(
-            "%s: an update took %.0f ms (> inline_below_ms %.0f): updates run in a worker "
-            "thread from now on",
+            "%s: updates took %.0f ms (> inline_below_ms %.0f, or one over a second): they "
+            "run in a worker thread from now on",
             self.name,
             took * 1000,
             self.limit_s * 1000,

@@ -75,23 +75,44 @@ function linePlot(svg, series, xlabel, zeroY) {
   });
 }
 
-function barPlot(svg, histogram) {
+// A histogram as one bar per key, side by side whatever the keys' values (exact lags 0, 1,
+// 2 ... or the power-of-two buckets of a replay run's ages, 32 ... 4096): every bar has room,
+// at most ~10 key labels are printed below (the others skipped evenly), the y axis is the
+// share of consumed samples in percent with as many decimals as its ticks need.
+function barPlot(svg, histogram, xlabel) {
   const keys = Object.keys(histogram).map(Number).sort((a, b) => a - b);
   const total = keys.reduce((n, k) => n + histogram[k], 0);
   if (total === 0) return empty(svg, "no sample consumed yet");
-  const lo = Math.min(0, keys[0]), hi = keys[keys.length - 1];
-  const fractions = keys.map((k) => histogram[k] / total);
-  const ymax = 1.15 * Math.max(...fractions);  // room for the labels above the bars
-  frame(svg, [lo - 0.5, hi + 0.5], [0, ymax], "lag (versions); share of consumed samples", true, false);
+  const shares = keys.map((k) => (100 * histogram[k]) / total);
+  const ymax = Math.max(...shares) * 1.15;  // room for the labels above the bars
+  svg.replaceChildren();
   const pw = W - PAD.left - PAD.right, ph = H - PAD.top - PAD.bottom;
-  const step = pw / (hi - lo + 1);
+  const sy = (y) => PAD.top + ph - (y / ymax) * ph;
+  const decimals = ymax / 4 >= 10 ? 0 : ymax / 4 >= 1 ? 1 : 2;
+  for (let i = 0; i <= 4; i++) {
+    const y = (ymax * i) / 4, py = sy(y);
+    el("line", { class: "grid", x1: PAD.left, x2: W - PAD.right, y1: py, y2: py }, svg);
+    el("text", { x: PAD.left - 6, y: py + 4, "text-anchor": "end" }, svg).textContent =
+      y.toFixed(decimals) + "%";
+  }
+  el("line", { class: "axis", x1: PAD.left, x2: PAD.left, y1: PAD.top, y2: H - PAD.bottom }, svg);
+  el("line", { class: "axis", x1: PAD.left, x2: W - PAD.right, y1: H - PAD.bottom, y2: H - PAD.bottom }, svg);
+  const slot = pw / keys.length, every = Math.ceil(keys.length / 10);
   const g = el("g", { class: "bars", "data-series": "lag", "data-points": keys.length }, svg);
   keys.forEach((k, i) => {
-    const h = (fractions[i] / ymax) * ph, x = PAD.left + (k - lo) * step + step * 0.15;
-    el("rect", { class: "bar", x, y: PAD.top + ph - h, width: step * 0.7, height: h }, g);
-    el("text", { x: x + step * 0.35, y: PAD.top + ph - h - 3, "text-anchor": "middle" }, g)
-      .textContent = k + ": " + (100 * fractions[i]).toFixed(1) + "%";
+    const centre = PAD.left + slot * (i + 0.5), top = sy(shares[i]);
+    const h = Math.max(1, PAD.top + ph - top);  // a share that rounds to nothing still shows
+    el("rect", { class: "bar", x: centre - slot * 0.35, y: PAD.top + ph - h, width: slot * 0.7, height: h }, g);
+    if (keys.length <= 12) {
+      el("text", { x: centre, y: PAD.top + ph - h - 3, "text-anchor": "middle" }, g)
+        .textContent = shares[i].toFixed(shares[i] >= 10 ? 0 : 1) + "%";
+    }
+    if (i % every === 0) {
+      el("text", { class: "tick", x: centre, y: H - PAD.bottom + 12, "text-anchor": "middle" }, g)
+        .textContent = fmt(k);
+    }
   });
+  el("text", { x: PAD.left + pw / 2, y: H - 2, "text-anchor": "middle" }, svg).textContent = xlabel;
 }
 
 function column(rows, x, y) {
@@ -158,10 +179,15 @@ function drawStatus(s) {
     const value = key === "dropped" ? dropped : s.counters[key];
     div.innerHTML = "<span></span><small></small>";
     div.firstChild.textContent = fmt(value);
-    div.lastChild.textContent = label;
+    div.lastChild.textContent = key === "lag_mean" && s.on_policy === false ? "mean sample age" : label;
     box.appendChild(div);
   }
-  barPlot(document.getElementById("plot-lag"), s.lag_histogram);
+  const replay = s.on_policy === false;
+  document.getElementById("lag-caption").textContent = replay
+    ? "Age of replayed samples when drawn (learner updates since collected)"
+    : "Policy lag of consumed samples (versions)";
+  barPlot(document.getElementById("plot-lag"), s.lag_histogram,
+    replay ? "sample age (updates); share of draws" : "lag (versions); share of consumed samples");
   const body = document.querySelector("#services tbody");
   body.replaceChildren();
   for (const svc of s.services) {
