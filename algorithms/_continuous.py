@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 from tianji.algorithms._base import AlgorithmBase, Spaces
+from tianji.algorithms._export import GreedyPolicy
 from tianji.algorithms._nets import adam, box_obs_problem, flat_dim, gradient_step, mlp, obs_tensor
 from tianji.algorithms._replay import OffPolicyConfig, n_step_transitions
 from torch import nn
@@ -129,6 +130,9 @@ class ContinuousBase(AlgorithmBase):
     config: ContinuousConfig
     scale: ActionScale
     act_dim: int
+    squashed_head: ClassVar[bool] = False
+    """The module ``actor`` returns a pre-``tanh`` head (first of a tuple), not a unit action:
+    :meth:`greedy_module` applies ``tanh``."""
     own_optimizers: ClassVar[tuple[str, ...]] = ()
     """Modules with an Adam of their own besides the ``trained`` ones' (SAC's actor and
     temperature, TD3's actor): each steps on its own loss, and is saved in the
@@ -150,6 +154,16 @@ class ContinuousBase(AlgorithmBase):
 
     def _build_networks(self, obs_dim: int, act_dim: int, seed: int) -> None:
         raise NotImplementedError
+
+    def greedy_module(self) -> GreedyPolicy:
+        """The greedy policy as one torch module (``tianji export``): the ``actor``
+        module's unit action (after ``tanh`` for a squashed head), rescaled to the bounds."""
+        s = self.scale
+        low, high = s.centre_np - s.half_np, s.centre_np + s.half_np
+        return GreedyPolicy(
+            self._module("actor"), image=False, low=low, high=high,
+            squash=self.squashed_head, unit=True, action_shape=(self.act_dim,),
+        )  # fmt: skip
 
     def _own_optimizer(self, name: str) -> torch.optim.Optimizer:
         """The Adam of module ``name`` (one of :attr:`own_optimizers`), built on first use."""

@@ -24,7 +24,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from tianji.algorithms._continuous import ContinuousBase, ContinuousConfig, TwinQ
-from tianji.algorithms._export import GreedyPolicy
 from tianji.algorithms._nets import mlp, polyak_update, seeded_init
 from torch import nn
 
@@ -133,6 +132,8 @@ class SAC(ContinuousBase):
     """The critics step on the base Adam; actor and temperature on their own."""
     own_optimizers = ("actor", "temperature")
     published = "actor"
+    squashed_head = True
+    """The actor's head is the Gaussian's mean before ``tanh`` (its greedy action)."""
     config: SACConfig
 
     def _build_networks(self, obs_dim: int, act_dim: int, seed: int) -> None:
@@ -160,14 +161,6 @@ class SAC(ContinuousBase):
                 noise = torch.randn(mean.shape, generator=self.torch_rng, device=self.device)
                 mean = mean + log_std.exp() * noise
             return {"action": self.scale.to_env(torch.tanh(mean))}
-
-    def greedy_module(self) -> GreedyPolicy:
-        """The greedy policy as one torch module (``tianji export``): ``tanh`` of the
-        Gaussian's mean, rescaled to the bounds."""
-        s = self.scale
-        low, high = s.centre_np - s.half_np, s.centre_np + s.half_np
-        return GreedyPolicy(self.actor, image=False, low=low, high=high, squash=True,
-                            action_shape=(self.act_dim,))  # fmt: skip
 
     def update(self, batch: Mapping[str, np.ndarray]) -> UpdateResult:
         """One critic, actor and temperature step, then the target critics' Polyak move."""

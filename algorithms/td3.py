@@ -24,7 +24,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from tianji.algorithms._continuous import ContinuousBase, ContinuousConfig, TwinQ
-from tianji.algorithms._export import GreedyPolicy
 from tianji.algorithms._nets import mlp, polyak_update, seeded_init
 from torch import nn
 
@@ -105,14 +104,6 @@ class TD3(ContinuousBase):
                 noise = torch.randn(unit.shape, generator=self.torch_rng, device=self.device)
                 unit = (unit + self.config.exploration_noise * noise).clamp(-1.0, 1.0)
             return {"action": self.scale.to_env(unit)}
-
-    def greedy_module(self) -> GreedyPolicy:
-        """The greedy policy as one torch module (``tianji export``): the deterministic
-        action, rescaled to the bounds."""
-        s = self.scale
-        low, high = s.centre_np - s.half_np, s.centre_np + s.half_np
-        return GreedyPolicy(self.actor, image=False, low=low, high=high, unit=True,
-                            action_shape=(self.act_dim,))  # fmt: skip
 
     def update(self, batch: Mapping[str, np.ndarray]) -> UpdateResult:
         """A critic step; every ``policy_delay`` updates an actor step and the targets' move."""
