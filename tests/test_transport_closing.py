@@ -14,7 +14,6 @@ import tianji.transports
 from tianji.transports._framing import PREAMBLE
 from transport_harness import (
     AUTHENTICATED_BEFORE_ACCEPT,
-    BACKPRESSURE_BOUND,
     BACKPRESSURE_MESSAGE,
     RAW_STREAMS,
     SMALL_LIMITS,
@@ -26,7 +25,7 @@ from transport_harness import (
     open_link,
     open_listener,
     run,
-    wait_until_stalled,
+    stalled_producer,
 )
 
 from tianji.runtime.core import (
@@ -168,21 +167,11 @@ def test_sending_to_a_peer_that_went_away_raises_a_peer_error(scheme: str, how: 
 def test_a_send_blocked_by_backpressure_wakes_with_a_peer_error_when_the_peer_aborts(
     scheme: str,
 ) -> None:
-    total = BACKPRESSURE_BOUND // BACKPRESSURE_MESSAGE + 16
     payload = bytes(BACKPRESSURE_MESSAGE)
 
     async def main() -> None:
         async with open_link(scheme, SMALL_LIMITS) as link:
-            accepted = 0
-
-            async def produce() -> None:
-                nonlocal accepted
-                for _ in range(total):
-                    await link.client.send([payload])
-                    accepted += 1
-
-            producer = asyncio.create_task(produce())
-            await wait_until_stalled(lambda: accepted, producer)
+            producer, _ = await stalled_producer(link.client, lambda seq: [payload])
             assert not producer.done(), "the sender never blocked"
             link.server.abort()
             done, _ = await asyncio.wait({producer}, timeout=5)

@@ -23,6 +23,7 @@ import tianji.transports
 from transport_harness import (
     BACKPRESSURE_BOUND,
     BACKPRESSURE_MESSAGE,
+    BACKPRESSURE_TOTAL,
     LISTEN_ADDRESSES,
     SMALL_LIMITS,
     MiB,
@@ -32,7 +33,7 @@ from transport_harness import (
     open_link,
     open_listener,
     run,
-    wait_until_stalled,
+    stalled_producer,
 )
 
 from tianji.runtime.codec import decode, encode
@@ -199,21 +200,14 @@ def test_100k_small_events_arrive_complete_and_in_order(scheme: str) -> None:
 def test_a_sender_blocks_while_its_peer_does_not_read_then_everything_arrives(
     scheme: str,
 ) -> None:
-    total = BACKPRESSURE_BOUND // BACKPRESSURE_MESSAGE + 16
-    payload = bytes(BACKPRESSURE_MESSAGE)
+    total, payload = BACKPRESSURE_TOTAL, bytes(BACKPRESSURE_MESSAGE)
 
     async def main() -> None:
         async with open_link(scheme, SMALL_LIMITS) as link:
-            accepted = 0
-
-            async def produce() -> None:
-                nonlocal accepted
-                for seq in range(total):
-                    await link.client.send([seq.to_bytes(4, "little"), payload])
-                    accepted += 1
-
-            producer = asyncio.create_task(produce())
-            await wait_until_stalled(lambda: accepted, producer)
+            producer, count = await stalled_producer(
+                link.client, lambda seq: [seq.to_bytes(4, "little"), payload], total
+            )
+            accepted = count()
             if producer.done():
                 producer.result()  # surface an exception, if that is why it finished
                 pytest.fail(f"all {total} messages ({total * BACKPRESSURE_MESSAGE // MiB} MiB) "
@@ -230,7 +224,7 @@ def test_a_sender_blocks_while_its_peer_does_not_read_then_everything_arrives(
 
 
 def test_send_nowait_raises_would_block_while_the_peer_does_not_read(scheme: str) -> None:
-    total = BACKPRESSURE_BOUND // BACKPRESSURE_MESSAGE + 16
+    total = BACKPRESSURE_TOTAL
     payload = bytes(BACKPRESSURE_MESSAGE)
 
     async def main() -> None:

@@ -67,6 +67,8 @@ DEFAULT_LIMITS = Limits()
 SMALL_LIMITS = Limits(queue_messages=16, queue_bytes=1 * MiB)
 BACKPRESSURE_MESSAGE = 256 * KiB
 BACKPRESSURE_BOUND = 64 * MiB  # generous: kernel socket buffers count too
+BACKPRESSURE_TOTAL = BACKPRESSURE_BOUND // BACKPRESSURE_MESSAGE + 16
+"""Messages of ``BACKPRESSURE_MESSAGE`` bytes that overflow any allowed bound."""
 
 
 # --------------------------------------------------------------------------- harness
@@ -170,6 +172,25 @@ async def wait_until_stalled(count: Callable[[], int], task: asyncio.Task[Any]) 
     while not task.done() and count() != last:
         last = count()
         await asyncio.sleep(0.3)
+
+
+async def stalled_producer(
+    conn: Connection, frames: Callable[[int], list[bytes]], total: int = BACKPRESSURE_TOTAL
+) -> tuple[asyncio.Task[None], Callable[[], int]]:
+    """Start a task that sends ``frames(0..total-1)`` on ``conn`` and return it, with the
+    count of messages the transport accepted, once that count stopped growing
+    (:func:`wait_until_stalled`): the peer's backpressure holds it, or it finished."""
+    accepted = 0
+
+    async def produce() -> None:
+        nonlocal accepted
+        for seq in range(total):
+            await conn.send(frames(seq))
+            accepted += 1
+
+    producer = asyncio.create_task(produce())
+    await wait_until_stalled(lambda: accepted, producer)
+    return producer, lambda: accepted
 
 
 async def eventually(condition: Callable[[], bool], attempts: int = 500) -> None:
