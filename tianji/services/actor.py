@@ -97,7 +97,8 @@ class ActorService(Service):
         # a grant leaves us something to collect, or always where a waiting actor is about
         # to need the newest (BalanceConfig.weights_on_grant) — so an actor waiting for a
         # grant takes one message while the learner publishes many (tianji.runtime.demand).
-        balance = balance_config(self.config, self.algo.buffer_spec())
+        self.spec = self.algo.buffer_spec()  # the same every call (the Algorithm protocol)
+        balance = balance_config(self.config, self.spec)
         self.weights_on_grant = balance.weights_on_grant
         self.subscribe(LATEST_PARAMS, self.on_params, on_demand=True)
 
@@ -273,12 +274,11 @@ class ActorService(Service):
         share of the algorithm's ``random_steps`` (``ceil(random_steps / actors)`` env
         steps) in a run that starts from scratch: an actor restarted once the learner has
         published (its first weights newer than version 0) acts by the policy at once."""
-        spec = self.algo.buffer_spec()
         first = self._pending_version() if self._pending is not None else self.policy_version
-        if not spec.random_steps or first > 0:
+        if not self.spec.random_steps or first > 0:
             return act
         uniform_actions(space, 1, np.random.default_rng(0))  # an unfit space fails here
-        left = -(-spec.random_steps // self.config.actors.count)
+        left = -(-self.spec.random_steps // self.config.actors.count)
         rng = np.random.default_rng([self.seed, 7])
 
         async def act_or_random(
