@@ -114,29 +114,35 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=1200.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None, help="write mujoco-<task>.{json,md} here")
+    p.add_argument(
+        "--no-sb3", action="store_true", help="tianji's run only (no ratio; half the time)"
+    )
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         span = f"{args.seconds:.0f} s from {_clock()} to {_clock(args.seconds)}"
         print(f"tianji {args.task}: {span}", flush=True)
         ours = run_tianji(args.task, args.seconds, args.seed, Path(tmp))
         print(json.dumps(ours), flush=True)
-    span = f"{args.seconds:.0f} s from {_clock()} to {_clock(args.seconds)}"
-    print(f"sb3 {TASKS[args.task]}: {span}", flush=True)
-    theirs = run_sb3(args.task, args.seconds, args.seed)
-    print(json.dumps(theirs), flush=True)
-    a, b = ours["final_return"], theirs["final_return"]
-    ratio = a / b if a is not None and b is not None and b > 0 else None
+    rows, ratio = [ours], None
+    if not args.no_sb3:
+        span = f"{args.seconds:.0f} s from {_clock()} to {_clock(args.seconds)}"
+        print(f"sb3 {TASKS[args.task]}: {span}", flush=True)
+        theirs = run_sb3(args.task, args.seconds, args.seed)
+        print(json.dumps(theirs), flush=True)
+        rows.append(theirs)
+        a, b = ours["final_return"], theirs["final_return"]
+        ratio = a / b if a is not None and b is not None and b > 0 else None
     report = {
         "task": args.task,
         "seconds": args.seconds,
         "seed": args.seed,
         "window": WINDOW,
         "machine": {"cpus": __import__("os").cpu_count(), "python": platform.python_version()},
-        "runs": [ours, theirs],
+        "runs": rows,
         "return_ratio_tianji_over_sb3": round(ratio, 3) if ratio is not None else None,
         "unix": time.time(),
     }
-    text = markdown(args.task, args.seconds, [ours, theirs], ratio)
+    text = markdown(args.task, args.seconds, rows, ratio)
     print(text)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
