@@ -1,0 +1,220 @@
+"""A self-play league, as pure logic: snapshots of the learning policy, Elo ratings from the
+games played, and the choice of the next opponent.
+
+The learning policy (the *learner*, always the newest weights) plays two-player zero-sum
+games against opponents drawn from the league: with probability ``latest_prob`` the newest
+snapshot of itself, otherwise one of the pool's snapshots, weighted by prioritized fictitious
+self-play (PFSP, Vinyals et al. 2019): ``"hard"`` favours the snapshots the learner is
+least likely to beat (weight ``(1 - p) ** exponent``), ``"even"`` the ones it beats about
+half the time (weight ``p (1 - p)``), ``"uniform"`` all alike; ``p`` is the learner's
+expected score against the snapshot under the ratings.
+
+Ratings are Elo's: a game between players rated ``ra`` and ``rb`` has the expected score
+``ea = 1 / (1 + 10 ** ((rb - ra) / 400))`` for the first; a score ``s`` (1 win, 0.5 draw,
+0 loss) moves ``ra`` by ``k (s - ea)`` and ``rb`` by ``-k (s - ea)``. A snapshot starts at
+the learner's rating when it is taken (the strength it had then) and is rated on from the
+games played against it; anchors (e.g. the uniform random policy) keep a fixed rating and
+give the scale its zero. Nothing here does I/O or draws from a global generator: the
+controller's league plug-in owns one :class:`League` and feeds it the games' results.
+
+Usage::
+
+    league = League(LeagueRules(latest_prob=0.5), anchors={"random": 0.0})
+    league.snapshot(version=100)               # -> "v100", rated as the learner is now
+    opponent = league.opponent(rng)            # a snapshot id, drawn as above
+    league.record(opponent, score=1.0)         # the learner beat it: both ratings move
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Final
+
+import numpy as np
+
+from tianji.runtime.errors import ConfigError
+
+__all__ = [
+    "LEARNER",
+    "PFSP_RULES",
+    "League",
+    "LeagueRules",
+    "Player",
+    "elo_expected",
+    "elo_update",
+    "pfsp_weight",
+]
+
+LEARNER: Final = "learner"
+"""The id of the learning policy (the newest weights) in the league's ratings."""
+PFSP_RULES: Final = ("hard", "even", "uniform")
+
+
+def elo_expected(ra: float, rb: float) -> float:
+    """The expected score of a player rated ``ra`` against one rated ``rb``."""
+    return 1.0 / (1.0 + 10.0 ** ((rb - ra) / 400.0))
+
+
+def elo_update(ra: float, rb: float, score: float, k: float) -> tuple[float, float]:
+    """Both ratings after one game in which the first scored ``score`` (1, 0.5 or 0)."""
+    delta = k * (score - elo_expected(ra, rb))
+    return ra + delta, rb - delta
+
+
+def pfsp_weight(p: float, rule: str, exponent: float = 2.0) -> float:
+    """The PFSP weight of an opponent the learner beats with expected score ``p``."""
+    if rule == "hard":
+        return (1.0 - p) ** exponent
+    if rule == "even":
+        return p * (1.0 - p)
+    return 1.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class LeagueRules:
+    """How a :class:`League` picks opponents and rates games."""
+
+    latest_prob: float = 0.5
+    """The chance that the next opponent is the newest snapshot (else one from the pool)."""
+    pfsp: str = "hard"
+    """How pool opponents are weighted: "hard", "even" or "uniform" (see the module doc)."""
+    pfsp_exponent: float = 2.0
+    """The exponent of the "hard" weighting."""
+    pool_size: int = 20
+    """Snapshots kept; the oldest leaves when a new one would exceed it."""
+    k: float = 16.0
+    """Elo's K factor: how far one game moves the ratings."""
+    initial_rating: float = 1000.0
+    """The learner's rating before its first game."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.latest_prob <= 1.0:
+            raise ConfigError("selfplay.latest_prob", self.latest_prob, "a probability in [0, 1]")
+        if self.pfsp not in PFSP_RULES:
+            raise ConfigError("selfplay.pfsp", self.pfsp, " | ".join(f'"{r}"' for r in PFSP_RULES))
+        if not self.pfsp_exponent > 0:
+            raise ConfigError("selfplay.pfsp_exponent", self.pfsp_exponent, "a number > 0")
+        if self.pool_size < 1:
+            raise ConfigError("selfplay.pool_size", self.pool_size, "an integer >= 1")
+        if not self.k > 0:
+            raise ConfigError("selfplay.k", self.k, "a number > 0")
+        if not math.isfinite(self.initial_rating):
+            raise ConfigError("selfplay.initial_rating", self.initial_rating, "a finite number")
+
+
+@dataclasses.dataclass(slots=True)
+class Player:
+    """One rated player: the learner, a snapshot or an anchor."""
+
+    id: str
+    rating: float
+    version: int | None = None
+    """The policy version of a snapshot (None: the learner or an anchor)."""
+    anchor: bool = False
+    """A fixed-rating player (not moved by games)."""
+    games: int = 0
+    score: float = 0.0
+    """The sum of this player's scores (wins count 1, draws 0.5)."""
+
+
+class League:
+    """The learner, its snapshots and the anchors, with their ratings (see module doc).
+
+    Args:
+        rules: the sampling and rating rules.
+        anchors: fixed-rating opponents by id (e.g. ``{"random": 0.0}``); never drawn by
+            :meth:`opponent`, but games against them move the learner's rating.
+    """
+
+    def __init__(self, rules: LeagueRules, anchors: Mapping[str, float] | None = None) -> None:
+        self.rules = rules
+        self.players: dict[str, Player] = {LEARNER: Player(LEARNER, rules.initial_rating)}
+        for name, rating in (anchors or {}).items():
+            if name == LEARNER or name.startswith("v"):
+                raise ConfigError("selfplay.anchors", name, 'a name other than "learner"/"v<N>"')
+            self.players[name] = Player(name, float(rating), anchor=True)
+        self.pool: list[str] = []
+        """Snapshot ids, oldest first (the newest is ``pool[-1]``)."""
+        self.retired: dict[str, Player] = {}
+        """Snapshots that left the pool (games still in play against them are rated)."""
+
+    @property
+    def learner(self) -> Player:
+        return self.players[LEARNER]
+
+    def snapshot(self, version: int) -> tuple[str, list[str]]:
+        """Freeze the learner's weights of ``version`` as a snapshot rated as the learner
+        is now; returns its id and the ids of snapshots that left the pool to make room."""
+        sid = f"v{version}"
+        if sid in self.players:
+            raise ValueError(f"snapshot {sid} is already in the league")
+        self.players[sid] = Player(sid, self.learner.rating, version=version)
+        self.pool.append(sid)
+        evicted = []
+        while len(self.pool) > self.rules.pool_size:
+            evicted.append(self.pool.pop(0))
+            self.retired[evicted[-1]] = self.players.pop(evicted[-1])
+        return sid, evicted
+
+    def weights(self) -> dict[str, float]:
+        """The probability of each snapshot being the next opponent (they sum to 1)."""
+        if not self.pool:
+            return {}
+        r = self.rules
+        learner = self.learner.rating
+        raw = {
+            sid: pfsp_weight(
+                elo_expected(learner, self.players[sid].rating), r.pfsp, r.pfsp_exponent
+            )
+            for sid in self.pool
+        }
+        total = sum(raw.values())
+        if total <= 0.0:  # every weight vanished (all beaten for sure): fall back to uniform
+            raw = dict.fromkeys(self.pool, 1.0)
+            total = float(len(self.pool))
+        pool_share = 1.0 - r.latest_prob if len(self.pool) > 1 else 0.0
+        probs = {sid: pool_share * w / total for sid, w in raw.items()}
+        probs[self.pool[-1]] += 1.0 - pool_share
+        return probs
+
+    def opponent(self, rng: np.random.Generator) -> str:
+        """Draw the next opponent's snapshot id (see :meth:`weights`).
+
+        Raises:
+            LookupError: the league has no snapshot yet.
+        """
+        probs = self.weights()
+        if not probs:
+            raise LookupError("the league has no snapshot to play against yet")
+        ids = list(probs)
+        p = np.array([probs[i] for i in ids], dtype=np.float64)
+        return ids[int(rng.choice(len(ids), p=p / p.sum()))]
+
+    def record(self, opponent: str, score: float) -> tuple[float, float]:
+        """Rate one game of the learner against ``opponent`` (a snapshot or anchor id) in
+        which the learner scored ``score``; returns both new ratings (learner, opponent).
+        A game against a snapshot that has left the pool (still in play when it left)
+        is rated like any other.
+
+        Raises:
+            ValueError: ``score`` is not 0, 0.5 or 1.
+            KeyError: ``opponent`` was never in the league.
+        """
+        if score not in (0.0, 0.5, 1.0):
+            raise ValueError(f"a game's score is 0, 0.5 or 1, not {score!r}")
+        me = self.learner
+        other = self.players.get(opponent) or self.retired.get(opponent)
+        if other is None or other is me:
+            raise KeyError(f"{opponent!r} is not an opponent in this league")
+        new_me, new_other = elo_update(me.rating, other.rating, score, self.rules.k)
+        me.rating, me.games, me.score = new_me, me.games + 1, me.score + score
+        other.games, other.score = other.games + 1, other.score + 1.0 - score
+        if not other.anchor:
+            other.rating = new_other
+        return me.rating, other.rating
+
+    def ratings(self) -> dict[str, float]:
+        """Every player's rating by id."""
+        return {pid: p.rating for pid, p in self.players.items()}
