@@ -13,7 +13,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from tianji.algorithms._nets import is_custom, is_image_space, mlp, resolve_torso
+from tianji.algorithms._nets import (
+    is_custom,
+    is_image_space,
+    masked_head,
+    mlp,
+    resolve_torso,
+)
 from tianji.algorithms._policy_net import PolicyNetSpec
 from tianji.algorithms._recurrent import RecurrentActorCritic
 from torch import nn
@@ -77,11 +83,16 @@ class ActorCritic(nn.Module):
             self.actor = mlp(spec.in_dim, hidden, spec.out_dim, activation=nn.Tanh, out_gain=0.01)
             self.critic = mlp(spec.in_dim, hidden, 1, activation=nn.Tanh, out_gain=1.0)
         self.log_std = spec.log_std()
+        self.mask = spec.mask
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(policy head output [B, A], value [B])`` for flat ``obs [B, D]``."""
+        """``(policy head output [B, A], value [B])`` for flat ``obs [B, D]`` (logits of
+        the actions an action mask forbids: :data:`~tianji.algorithms._nets.MASK_FILL`)."""
         x = self._features(obs)
-        return self.actor(x), self.critic(x).squeeze(-1)
+        head = self.actor(x)
+        if self.mask:
+            head = masked_head(head, obs, self.mask)
+        return head, self.critic(x).squeeze(-1)
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         """``V(obs) [B]``."""

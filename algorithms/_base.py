@@ -29,6 +29,7 @@ from tianji.algorithms._nets import (
 from torch import nn
 
 from tianji.rl.algorithm import GradientSync
+from tianji.rl.masks import mask_problem
 
 __all__ = ["AlgorithmBase", "Spaces"]
 
@@ -68,6 +69,9 @@ class AlgorithmBase:
     published: ClassVar[str]
     multi_agent: ClassVar[bool] = False
     """Stacked agents (``obs [N, A, D]``) and a ``state_space`` (MAPPO, QMIX)."""
+    action_masks: ClassVar[bool] = False
+    """Honours action masks in the observations (:mod:`tianji.rl.masks`): never picks an
+    illegal action. An algorithm that does not is refused masked observations."""
     adam_eps: ClassVar[float] = 1e-8
     """Adam's epsilon (torch's default; PPO and MAPPO use 1e-5)."""
 
@@ -118,7 +122,9 @@ class AlgorithmBase:
         if (state_space is None) == self.multi_agent:
             need = "needs" if self.multi_agent else "takes no"
             raise TypeError(f"{type(self).__name__} {need} state_space")
-        problem = self.check_spaces(observation_space, action_space)
+        problem = self.check_spaces(observation_space, action_space) or mask_problem(
+            type(self), observation_space
+        )
         require_spaces(problem, observation_space, action_space)
         self.config = config
         self.device = pick_device(device)

@@ -142,9 +142,7 @@ class ContinuousBase(AlgorithmBase):
     def check_spaces(cls, observation_space: Any, action_space: Any) -> str | None:
         """``None`` if the spaces are supported (a Box observation, a bounded 1-D Box
         action), else a message naming the unsupported one."""
-        return box_action_problem(cls.__name__, action_space) or box_obs_problem(
-            observation_space
-        )
+        return box_action_problem(cls.__name__, action_space) or box_obs_problem(observation_space)
 
     def _build(self, spaces: Spaces, seed: int) -> None:
         self._own: dict[str, torch.optim.Optimizer] = {}  # built on first use, as Adam's

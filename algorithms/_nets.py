@@ -20,9 +20,12 @@ from torch import nn
 
 from tianji.rl.algorithm import GradientSync
 from tianji.rl.errors import ConfigError
+from tianji.rl.masks import mask_size
 
 __all__ = [
+    "MASK_FILL",
     "TORSOS",
+    "MaskedNetwork",
     "NatureCNN",
     "adam",
     "as_hidden",
@@ -34,6 +37,7 @@ __all__ = [
     "is_custom",
     "is_image_space",
     "load_numpy_weights",
+    "masked_head",
     "mlp",
     "numpy_weights",
     "obs_tensor",
@@ -151,6 +155,32 @@ def seeded_init(seed: int) -> Iterator[None]:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         yield
+
+
+MASK_FILL = -1e8
+"""What an illegal action's logit or Q-value becomes (:func:`masked_head`): finite, so a
+terminal observation with no legal action gives no NaN, and low enough that softmax gives
+it probability 0 and argmax never picks it."""
+
+
+def masked_head(head: torch.Tensor, obs: torch.Tensor, n: int) -> torch.Tensor:
+    """``head [..., n]`` (logits or Q-values) with the actions that the trailing ``n``
+    entries of ``obs [..., D + n]`` forbid set to :data:`MASK_FILL`
+    (:class:`~tianji.rl.masks.MaskedObs`)."""
+    legal = obs.reshape(*head.shape[:-1], -1)[..., -n:] > 0.5
+    return head.masked_fill(~legal, MASK_FILL)
+
+
+class MaskedNetwork(nn.Module):
+    """A network over masked observations whose outputs for illegal actions are
+    :data:`MASK_FILL` (DQN's Q-networks: greedy actions and targets over legal ones)."""
+
+    def __init__(self, net: nn.Module, n: int) -> None:
+        super().__init__()
+        self.net, self.n = net, n
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return masked_head(self.net(obs), obs, self.n)
 
 
 def obs_tensor(obs: np.ndarray, device: torch.device, *, image: bool = False) -> torch.Tensor:
@@ -275,8 +305,10 @@ def build_network(
     *,
     activation: type[nn.Module] = nn.ReLU,
     out_gain: float | None = None,
-) -> nn.Sequential:
-    """The model builder of the in-tree algorithms: observation -> ``out_dim`` outputs.
+) -> nn.Module:
+    """The model builder of the in-tree algorithms: observation -> ``out_dim`` outputs;
+    over masked observations (:class:`~tianji.rl.masks.MaskedObs`) a
+    :class:`MaskedNetwork`, whose illegal actions' outputs are :data:`MASK_FILL`.
 
     Args:
         torso: a resolved torso (:func:`resolve_torso`): "nature" gives
@@ -285,6 +317,19 @@ def build_network(
             ``"module:Class"`` the user's torso (:func:`custom_torso`) and a linear head.
         activation, out_gain: as for :func:`mlp` (the CNN head gets ``out_gain`` too).
     """
+    net = _plain_network(torso, observation_space, hidden, out_dim, activation, out_gain)
+    n = mask_size(observation_space)
+    return MaskedNetwork(net, n) if n else net
+
+
+def _plain_network(
+    torso: str,
+    observation_space: Any,
+    hidden: Sequence[int],
+    out_dim: int,
+    activation: type[nn.Module],
+    out_gain: float | None,
+) -> nn.Sequential:
     shape = tuple(observation_space.shape)
     if torso == "nature":
         return nn.Sequential(NatureCNN(shape), _linear(NatureCNN.features, out_dim, out_gain))

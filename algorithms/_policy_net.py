@@ -12,6 +12,8 @@ from tianji.algorithms._nets import NatureCNN, custom_torso, flat_dim, mlp
 from tianji.algorithms._normalize import ObsNormalizer
 from torch import nn
 
+from tianji.rl.masks import mask_size
+
 __all__ = ["PolicyNetSpec"]
 
 
@@ -41,6 +43,13 @@ class PolicyNetSpec:
     custom_torso: str = ""
     """A user torso (``"module:Class"``, :func:`~tianji.algorithms._nets.custom_torso`)
     instead of the CNN or the MLP."""
+
+    @property
+    def mask(self) -> int:
+        """The action mask's size at the end of each observation (0: none;
+        :class:`~tianji.rl.masks.MaskedObs`): the policy head's illegal logits are then
+        :data:`~tianji.algorithms._nets.MASK_FILL`."""
+        return mask_size(self.observation_space)
 
     @property
     def in_dim(self) -> int:

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from tianji.algorithms._nets import mlp
+from tianji.algorithms._nets import masked_head, mlp
 from tianji.algorithms._onpolicy import epoch_minibatches
 from tianji.algorithms._policy_net import PolicyNetSpec
 from torch import nn
@@ -71,13 +71,20 @@ class RecurrentActorCritic(nn.Module):
         self.actor = mlp(core_hidden, (), spec.out_dim, out_gain=0.01)
         self.critic = mlp(core_hidden, (), 1, out_gain=1.0)
         self.log_std = spec.log_std()
+        self.mask = spec.mask
 
     def step(
         self, obs: torch.Tensor, state: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One step for a batch: ``(head [B, A], value [B], next state [B, H])``."""
         h = self.core(self.features(obs), state)
-        return self.actor(h), self.critic(h).squeeze(-1), h
+        return self._head(h, obs), self.critic(h).squeeze(-1), h
+
+    def _head(self, h: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+        """The policy head over states ``h [..., H]``, its illegal logits masked by the
+        observations ``obs [..., D]`` they follow."""
+        head: torch.Tensor = self.actor(h)
+        return masked_head(head, obs, self.mask) if self.mask else head
 
     def features(self, obs: torch.Tensor) -> torch.Tensor:
         """The torso's output for ``obs [B, ...]`` (normalized first with ``obs_norm``)."""
@@ -112,7 +119,7 @@ class RecurrentActorCritic(nn.Module):
             h = self.core(features[t], h)
             after.append(h)
         states = torch.stack(after)
-        return self.actor(states), self.critic(states).squeeze(-1), states
+        return self._head(states, obs), self.critic(states).squeeze(-1), states
 
 
 def unroll_batch(

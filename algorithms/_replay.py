@@ -26,6 +26,7 @@ from torch import nn
 
 from tianji.rl.algorithm import BufferSpec
 from tianji.rl.errors import ConfigError
+from tianji.rl.masks import uniform_legal
 
 __all__ = [
     "OffPolicyConfig",
@@ -193,11 +194,19 @@ def epsilon_at(updates: int, start: float, end: float, decay_updates: int) -> fl
 
 
 def epsilon_greedy(
-    greedy: np.ndarray, n_actions: int, epsilon: float, rng: np.random.Generator
+    greedy: np.ndarray,
+    n_actions: int,
+    epsilon: float,
+    rng: np.random.Generator,
+    legal: np.ndarray | None = None,
 ) -> np.ndarray:
     """``greedy`` actions (any shape), each replaced by a uniform one with probability
-    ``epsilon``."""
-    random = rng.integers(0, n_actions, size=greedy.shape)
+    ``epsilon``: among the legal ones where ``legal`` (bool ``[N, n_actions]``, for
+    ``greedy [N]``) says which are."""
+    if legal is None:
+        random = rng.integers(0, n_actions, size=greedy.shape)
+    else:
+        random = uniform_legal(legal, rng)
     return np.where(rng.random(greedy.shape) < epsilon, random, greedy)
 
 
@@ -239,9 +248,9 @@ class QLearner(AlgorithmBase):
         """What an actor reports after each fragment: the epsilon it explored with."""
         return {"epsilon": self.epsilon}
 
-    def _explore(self, greedy: np.ndarray) -> np.ndarray:
-        """:func:`epsilon_greedy` at the current :attr:`epsilon`."""
-        return epsilon_greedy(greedy, self.n_actions, self.epsilon, self.rng)
+    def _explore(self, greedy: np.ndarray, legal: np.ndarray | None = None) -> np.ndarray:
+        """:func:`epsilon_greedy` at the current :attr:`epsilon` (among ``legal`` actions)."""
+        return epsilon_greedy(greedy, self.n_actions, self.epsilon, self.rng, legal)
 
     def _target_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
         return [(self._module(online), self._module(target)) for online, target in self.targets]

@@ -26,6 +26,7 @@ from tianji.algorithms._export import GreedyPolicy
 from tianji.algorithms._replay import QLearner, ReplayConfig, n_step_transitions, td_loss
 
 from tianji.rl.algorithm import BufferSpec, UpdateResult
+from tianji.rl.masks import legal_actions, mask_size
 
 __all__ = ["DQN", "DQNConfig", "double_dqn_target"]
 
@@ -90,6 +91,10 @@ class DQN(QLearner):
     trained = ("q",)
     targets = (("q", "q_target"),)
     published = "q"
+    action_masks = True
+    """Over masked observations (:mod:`tianji.rl.masks`) the Q-networks give illegal actions
+    :data:`~tianji.algorithms._nets.MASK_FILL`: greedy actions, exploration and the TD
+    targets' max are over legal actions only."""
     config: DQNConfig
 
     @staticmethod
@@ -98,9 +103,7 @@ class DQN(QLearner):
         from gymnasium import spaces
 
         if not isinstance(action_space, spaces.Discrete):
-            return (
-                f"DQN needs a gymnasium.spaces.Discrete action space, got {action_space!r}"
-            )
+            return f"DQN needs a gymnasium.spaces.Discrete action space, got {action_space!r}"
         return nets.box_obs_problem(observation_space)
 
     def _build(self, spaces: Spaces, seed: int) -> None:
@@ -108,6 +111,8 @@ class DQN(QLearner):
         config, observation_space = self.config, spaces.observation
         self.n_actions = int(spaces.action.n)
         self.action_start = int(spaces.action.start)
+        self.obs_space = observation_space
+        self.masked = mask_size(observation_space) > 0
         torso = nets.resolve_torso("algo.torso", config.torso, observation_space)
         image_input = nets.is_custom(torso) and nets.is_image_space(observation_space)
         self.image = torso == "nature" or image_input  # uint8 pixels go in as they are
@@ -130,7 +135,8 @@ class DQN(QLearner):
                 .numpy()
             )
         if explore:
-            greedy = self._explore(greedy)
+            legal = legal_actions(obs, self.obs_space) if self.masked else None
+            greedy = self._explore(greedy, legal)
         return {"action": (greedy + self.action_start).astype(np.int64)}
 
     def greedy_module(self) -> GreedyPolicy:

@@ -162,6 +162,10 @@ class PPO(OnPolicyAlgorithm):
     Config = PPOConfig
     networks = trained = ("net",)
     published = "net"
+    action_masks = True
+    """Over masked observations (:mod:`tianji.rl.masks`) the policy's illegal logits are
+    :data:`~tianji.algorithms._nets.MASK_FILL`: samples, the mode and the losses' log-
+    probabilities and entropy are over legal actions only."""
     adam_eps = 1e-5
     objective: ClassVar[Objective] = ppo_objective
     """The minibatch loss (IMPALA's is :func:`~tianji.algorithms._losses.impala_objective`)."""

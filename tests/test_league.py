@@ -8,7 +8,7 @@ import pytest
 from tianji.rl.league import (
     LEARNER,
     League,
-    LeagueRules,
+    SelfPlayConfig,
     elo_expected,
     elo_update,
     pfsp_weight,
@@ -35,14 +35,14 @@ def test_pfsp_weights_favour_what_the_rule_says() -> None:
 
 
 def _league(**rules: object) -> League:
-    league = League(LeagueRules(**rules), anchors={"random": 0.0})  # type: ignore[arg-type]
+    league = League(SelfPlayConfig(**rules), anchors={"random": 0.0})  # type: ignore[arg-type]
     for version in (10, 20, 30):
         league.snapshot(version)
     return league
 
 
 def test_a_snapshot_starts_at_the_learners_rating_and_the_pool_keeps_the_newest() -> None:
-    league = League(LeagueRules(pool_size=2))
+    league = League(SelfPlayConfig(pool_size=2))
     league.learner.rating = 1234.0
     sid, evicted = league.snapshot(7)
     assert (sid, evicted) == ("v7", []) and league.players["v7"].rating == 1234.0
@@ -85,7 +85,7 @@ def test_draws_follow_the_weights() -> None:
 
 
 def test_a_league_without_snapshots_has_no_opponent() -> None:
-    league = League(LeagueRules())
+    league = League(SelfPlayConfig())
     assert league.weights() == {}
     with pytest.raises(LookupError, match="no snapshot"):
         league.opponent(np.random.default_rng(0))
@@ -103,7 +103,7 @@ def test_games_move_both_ratings_but_never_an_anchors() -> None:
 
 
 def test_a_game_against_a_snapshot_that_left_the_pool_is_still_rated() -> None:
-    league = League(LeagueRules(pool_size=1))
+    league = League(SelfPlayConfig(pool_size=1))
     league.snapshot(1)
     league.snapshot(2)  # v1 leaves
     assert league.record("v1", 0.0) == (992.0, 1008.0)
@@ -126,6 +126,6 @@ def test_a_bad_game_is_refused_naming_it(opponent: str, score: float, error: typ
 )
 def test_bad_league_rules_name_the_key(key: str, value: object) -> None:
     with pytest.raises(ConfigError, match=f"selfplay.{key}"):
-        LeagueRules(**{key: value})  # type: ignore[arg-type]
+        SelfPlayConfig(**{key: value})  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="anchors"):
-        League(LeagueRules(), anchors={"v3": 0.0})
+        League(SelfPlayConfig(), anchors={"v3": 0.0})

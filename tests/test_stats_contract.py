@@ -19,6 +19,7 @@ DECLARED = {
         stats.ParamsStat,
         stats.InferenceStat,
         stats.MonitorStat,
+        stats.LeagueStat,
         stats.Dropped,
         ServiceStat,
     )

@@ -25,17 +25,22 @@ The ``[checkpoint]``, ``[recovery]`` and ``[ray]`` sections are in
 
 from __future__ import annotations
 
-import collections.abc
 import dataclasses
 import difflib
 import enum
 import os
-import types
 import typing
 from collections.abc import Mapping
 from typing import Any
 
-from tianji.rl.config_ops import CheckpointConfig, RayConfig, RecoveryConfig, positive
+from tianji.rl.config_ops import (
+    CheckpointConfig,
+    RayConfig,
+    RecoveryConfig,
+    check_value,
+    positive,
+)
+from tianji.rl.league import SelfPlayConfig
 from tianji.runtime.errors import ConfigError
 
 __all__ = [
@@ -54,6 +59,8 @@ __all__ = [
 
 PRESETS = ("", "atari", "mujoco")
 """The values of ``[env] preset``."""
+APIS = ("gymnasium", "pettingzoo", "two_player")
+"""The values of ``[env] api``."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,8 +72,10 @@ class EnvConfig:
     with ``api = "pettingzoo"`` a PettingZoo env module (``"mpe2.simple_spread_v3"``, its
     ``parallel_env`` is called) or ``module:callable`` returning a parallel env."""
     api: str = "gymnasium"
-    """"gymnasium" (one agent) or "pettingzoo" (a cooperative multi-agent parallel env, seen
-    as one env with stacked agents: see ``tianji.rl.multiagent``)."""
+    """"gymnasium" (one agent), "pettingzoo" (a cooperative multi-agent parallel env, seen
+    as one env with stacked agents: see ``tianji.rl.multiagent``) or "two_player" (a
+    two-player PettingZoo AEC game module such as ``"pettingzoo.classic.connect_four_v3"``,
+    learned by self-play: see ``[selfplay]`` and ``tianji.rl.selfplay``)."""
     team_reward: str = "sum"
     """Multi-agent envs: the team reward is the "sum" or "mean" of the agents' rewards."""
     kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -89,9 +98,9 @@ class EnvConfig:
         if self.preset_options and not self.preset:
             raise ConfigError("env.preset_options", self.preset_options, "empty without a preset")
         if self.preset and self.api != "gymnasium":
-            raise ConfigError("env.preset", self.preset, '"" with api = "pettingzoo"')
-        if self.api not in ("gymnasium", "pettingzoo"):
-            raise ConfigError("env.api", self.api, '"gymnasium" or "pettingzoo"')
+            raise ConfigError("env.preset", self.preset, f'"" with api = "{self.api}"')
+        if self.api not in APIS:
+            raise ConfigError("env.api", self.api, " | ".join(f'"{a}"' for a in APIS))
         if self.team_reward not in ("sum", "mean"):
             raise ConfigError("env.team_reward", self.team_reward, '"sum" or "mean"')
 
@@ -397,6 +406,7 @@ class RunConfig:
     ray: RayConfig = dataclasses.field(default_factory=RayConfig)
     checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
     recovery: RecoveryConfig = dataclasses.field(default_factory=RecoveryConfig)
+    selfplay: SelfPlayConfig = dataclasses.field(default_factory=SelfPlayConfig)
     algo: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Fields of the algorithm's own ``Config`` (checked against it)."""
 
@@ -414,6 +424,9 @@ class RunConfig:
             raise ConfigError(
                 "buffer.shards", shards, "1 with controller.mode = 'sync' (one round of all actors)"
             )
+        if self.selfplay != SelfPlayConfig() and self.env.api != "two_player":
+            why = 'set only for self-play: [env] api = "two_player"'
+            raise ConfigError("selfplay", to_dict(self.selfplay), why)
         if self.stop.on == "eval" and not self.eval.workers:
             raise ConfigError("stop.on", self.stop.on, '"train" when eval.workers is 0')
         if self.actors.inference == "service" and self.inference.count > self.actors.count:
@@ -451,46 +464,6 @@ def build_dataclass(cls: type[Any], data: Mapping[str, Any], prefix: str) -> Any
         else:
             kwargs[key] = check_value(dotted, value, hint_type)
     return cls(**kwargs)
-
-
-def check_value(key: str, value: Any, hint: Any) -> Any:
-    """Check ``value`` against a field annotation; ints are accepted for floats."""
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        last: ConfigError | None = None
-        for option in typing.get_args(hint):
-            try:
-                return check_value(key, value, option)
-            except ConfigError as exc:  # the next option may fit
-                last = exc
-        raise ConfigError(key, value, str(hint)) from last
-    if hint is Any:
-        return value
-    if hint is type(None):
-        if value is None:
-            return None
-        raise ConfigError(key, value, "null")
-    if isinstance(hint, type) and issubclass(hint, enum.Enum):
-        try:
-            return hint(value)
-        except ValueError:
-            raise ConfigError(key, value, " | ".join(str(m.value) for m in hint)) from None
-    if hint is float and type(value) in (int, float):
-        return float(value)
-    if origin is dict:
-        if isinstance(value, dict):
-            return dict(value)
-        raise ConfigError(key, value, "a table")
-    if origin in (list, tuple, collections.abc.Sequence):
-        if isinstance(value, (list, tuple)):
-            items = [
-                check_value(f"{key}[]", v, (typing.get_args(hint) or (Any,))[0]) for v in value
-            ]
-            return list(items) if origin is list else tuple(items)
-        raise ConfigError(key, value, "an array")
-    if isinstance(hint, type) and type(value) is hint:
-        return value
-    raise ConfigError(key, value, getattr(hint, "__name__", str(hint)))
 
 
 def to_dict(config: Any) -> dict[str, Any]:

@@ -4,12 +4,18 @@
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
+import enum
+import types
+import typing
 from collections.abc import Sequence
+from typing import Any
 
 from tianji.runtime.errors import ConfigError
 
 __all__ = [
+    "check_value",
     "BUFFER_ON_RESTART",
     "CheckpointConfig",
     "LEARNER_ON_DEATH",
@@ -171,3 +177,43 @@ class RayConfig:
         ``producer``) reserve the actors' CPUs and no GPU."""
         cpus = self.num_cpus.get(role, RAY_DEFAULT_CPUS.get(role, RAY_DEFAULT_CPUS["actor"]))
         return float(cpus), float(self.num_gpus.get(role, 0.0))
+
+
+def check_value(key: str, value: Any, hint: Any) -> Any:
+    """Check ``value`` against a field annotation; ints are accepted for floats."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        last: ConfigError | None = None
+        for option in typing.get_args(hint):
+            try:
+                return check_value(key, value, option)
+            except ConfigError as exc:  # the next option may fit
+                last = exc
+        raise ConfigError(key, value, str(hint)) from last
+    if hint is Any:
+        return value
+    if hint is type(None):
+        if value is None:
+            return None
+        raise ConfigError(key, value, "null")
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        try:
+            return hint(value)
+        except ValueError:
+            raise ConfigError(key, value, " | ".join(str(m.value) for m in hint)) from None
+    if hint is float and type(value) in (int, float):
+        return float(value)
+    if origin is dict:
+        if isinstance(value, dict):
+            return dict(value)
+        raise ConfigError(key, value, "a table")
+    if origin in (list, tuple, collections.abc.Sequence):
+        if isinstance(value, (list, tuple)):
+            items = [
+                check_value(f"{key}[]", v, (typing.get_args(hint) or (Any,))[0]) for v in value
+            ]
+            return list(items) if origin is list else tuple(items)
+        raise ConfigError(key, value, "an array")
+    if isinstance(hint, type) and type(value) is hint:
+        return value
+    raise ConfigError(key, value, getattr(hint, "__name__", str(hint)))

@@ -12,6 +12,7 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from gymnasium.wrappers import RecordEpisodeStatistics
 
 from tianji.rl.config import EnvConfig
+from tianji.rl.masks import ActionMaskObservation, has_mask_keys, uniform_legal
 from tianji.runtime.errors import ConfigError
 
 __all__ = [
@@ -52,7 +53,9 @@ class MaskedCartPole(gym.ObservationWrapper[np.ndarray, int, np.ndarray]):
 
 
 def env_factory(config: EnvConfig, *, training: bool = True) -> Callable[[], gym.Env[Any, Any]]:
-    """Return a zero-argument factory for the configured env, preset and wrappers applied.
+    """Return a zero-argument factory for the configured env, preset and wrappers applied;
+    an env with ``Dict(observation, action_mask)`` observations comes flattened
+    (:class:`~tianji.rl.masks.ActionMaskObservation`).
 
     Args:
         training: the env the actors train on; ``False`` for evaluation, where a preset
@@ -76,6 +79,8 @@ def env_factory(config: EnvConfig, *, training: bool = True) -> Callable[[], gym
         env = make()
         for wrapper in wrappers:
             env = wrapper(env)
+        if has_mask_keys(env.observation_space):  # one flat array with the mask last
+            env = ActionMaskObservation(env, name=config.id)
         return env
 
     return build
@@ -91,6 +96,10 @@ def _base_factory(config: EnvConfig, training: bool) -> Callable[[], gym.Env[Any
         from tianji.rl.mujoco import mujoco_factory
 
         return mujoco_factory(env_id, kwargs, config.preset_options)
+    if config.api == "two_player":
+        from tianji.rl.selfplay import two_player_factory
+
+        return two_player_factory(env_id, kwargs, "alternate")
     if config.api == "pettingzoo":
         from tianji.rl.multiagent import pettingzoo_factory
 
@@ -177,10 +186,14 @@ def random_policy_returns(config: EnvConfig, episodes: int, *, seed: int = 0) ->
     return returns
 
 
-def uniform_actions(space: gym.Space[Any], n: int, rng: np.random.Generator) -> np.ndarray:
+def uniform_actions(
+    space: gym.Space[Any], n: int, rng: np.random.Generator, legal: np.ndarray | None = None
+) -> np.ndarray:
     """``n`` actions drawn uniformly from ``space``: a bounded ``Box`` (float32 ``[n, ...]``
     within its bounds), ``Discrete`` or ``MultiDiscrete`` (int64) — an off-policy
-    algorithm's random warm-up (``BufferSpec.random_steps``).
+    algorithm's random warm-up (``BufferSpec.random_steps``). With ``legal`` (bool
+    ``[n, space.n]``, :func:`~tianji.rl.masks.legal_actions`) a ``Discrete`` action is drawn
+    among each row's legal ones (any, where a row has none).
 
     Raises:
         ConfigError: for another space or an unbounded Box, naming it.
@@ -189,7 +202,9 @@ def uniform_actions(space: gym.Space[Any], n: int, rng: np.random.Generator) -> 
         low, high = space.low.astype(np.float64), space.high.astype(np.float64)
         return rng.uniform(low, high, size=(n, *space.shape)).astype(np.float32)
     if isinstance(space, gym.spaces.Discrete):
-        return rng.integers(space.start, space.start + space.n, size=n, dtype=np.int64)
+        if legal is None:
+            return rng.integers(space.start, space.start + space.n, size=n, dtype=np.int64)
+        return space.start + uniform_legal(legal, rng)
     if isinstance(space, gym.spaces.MultiDiscrete):
         start = np.asarray(space.start, np.int64)
         return start + rng.integers(0, space.nvec, size=(n, *space.shape), dtype=np.int64)

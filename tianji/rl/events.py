@@ -27,6 +27,9 @@ __all__ = [
     "GrantProduction",
     "SampleBatch",
     "TrajectoryCollected",
+    "SnapshotTaken",
+    "GamesPlayed",
+    "OpponentsChosen",
 ]
 
 
@@ -119,6 +122,8 @@ class PolicyEvaluated(Event):
     policy_version: int
     returns: np.ndarray
     lengths: np.ndarray
+    opponent: str = ""
+    """Self-play: the fixed opponent the games were played against (returns: outcomes)."""
 
 
 @event
@@ -206,3 +211,37 @@ class GradientsShared(Event):
     step: int
     grads: np.ndarray
     digest: str
+
+
+@event
+class SnapshotTaken(Event):
+    """Fact (self-play): the parameter service froze the weights of ``policy_version`` as a
+    league snapshot (``[selfplay] snapshot_every``); actors play against them, the league
+    rates them. A late subscriber gets every snapshot still in the pool."""
+
+    policy_version: int
+    weights: dict[str, np.ndarray]
+
+
+@event
+class GamesPlayed(Event):
+    """Fact (self-play): an actor's games that ended: game ``i`` was played against
+    ``opponents[i]`` (a snapshot id ``v<version>``, or ``random`` before the first
+    snapshot) from ``seats[i]`` (0: first), and the learner scored ``outcomes[i]`` (+1
+    win, 0 draw, -1 loss) with the weights of ``policy_version``."""
+
+    actor: str
+    policy_version: int
+    opponents: tuple[str, ...]
+    seats: np.ndarray
+    outcomes: np.ndarray
+
+
+@event
+class OpponentsChosen(Event):
+    """Command (self-play): draw each game's opponent with these probabilities (snapshot
+    id -> probability, summing to 1), from the league's ratings; ``ratings`` are the
+    snapshots' ratings, for the record."""
+
+    probabilities: dict[str, float]
+    ratings: dict[str, float]

@@ -19,7 +19,7 @@ controller's league plug-in owns one :class:`League` and feeds it the games' res
 
 Usage::
 
-    league = League(LeagueRules(latest_prob=0.5), anchors={"random": 0.0})
+    league = League(SelfPlayConfig(latest_prob=0.5), anchors={"random": 0.0})
     league.snapshot(version=100)               # -> "v100", rated as the learner is now
     opponent = league.opponent(rng)            # a snapshot id, drawn as above
     league.record(opponent, score=1.0)         # the learner beat it: both ratings move
@@ -40,7 +40,7 @@ __all__ = [
     "LEARNER",
     "PFSP_RULES",
     "League",
-    "LeagueRules",
+    "SelfPlayConfig",
     "Player",
     "elo_expected",
     "elo_update",
@@ -73,9 +73,21 @@ def pfsp_weight(p: float, rule: str, exponent: float = 2.0) -> float:
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class LeagueRules:
-    """How a :class:`League` picks opponents and rates games."""
+class SelfPlayConfig:
+    """``[selfplay]``: self-play in a two-player game (``[env] api = "two_player"``): when
+    snapshots of the learning policy are taken, how opponents are drawn from them and how
+    games are rated (a :class:`League`), and which fixed opponents evaluation plays."""
 
+    snapshot_every: int = 20
+    """Learner versions between two snapshots (the first is taken at the first weights)."""
+    opponent_explore: bool = True
+    """Snapshots sample their moves from their policy (False: their greedy moves)."""
+    eval_opponents: tuple[str, ...] = ("random",)
+    """Fixed opponents evaluation workers play (``[eval] workers``): "random" (uniform over
+    legal moves), "connect_four_scripted" (:class:`~tianji.rl.selfplay.ConnectFourScripted`)
+    or your own ``"module:Class"`` (``Class(seed=...)`` with ``id`` and ``act(obs)``)."""
+    eval_games: int = 50
+    """Games per fixed opponent in each evaluation, half played first, half second."""
     latest_prob: float = 0.5
     """The chance that the next opponent is the newest snapshot (else one from the pool)."""
     pfsp: str = "hard"
@@ -102,6 +114,12 @@ class LeagueRules:
             raise ConfigError("selfplay.k", self.k, "a number > 0")
         if not math.isfinite(self.initial_rating):
             raise ConfigError("selfplay.initial_rating", self.initial_rating, "a finite number")
+        if self.snapshot_every < 1:
+            raise ConfigError("selfplay.snapshot_every", self.snapshot_every, "versions >= 1")
+        if self.eval_games < 2:
+            raise ConfigError("selfplay.eval_games", self.eval_games, "games >= 2 (both seats)")
+        if not self.eval_opponents:
+            raise ConfigError("selfplay.eval_opponents", self.eval_opponents, "one or more")
 
 
 @dataclasses.dataclass(slots=True)
@@ -128,7 +146,7 @@ class League:
             :meth:`opponent`, but games against them move the learner's rating.
     """
 
-    def __init__(self, rules: LeagueRules, anchors: Mapping[str, float] | None = None) -> None:
+    def __init__(self, rules: SelfPlayConfig, anchors: Mapping[str, float] | None = None) -> None:
         self.rules = rules
         self.players: dict[str, Player] = {LEARNER: Player(LEARNER, rules.initial_rating)}
         for name, rating in (anchors or {}).items():

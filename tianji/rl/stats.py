@@ -27,6 +27,7 @@ __all__ = [
     "Dropped",
     "EvalStat",
     "InferenceStat",
+    "LeagueStat",
     "LearnerStat",
     "MonitorStat",
     "ParamsStat",
@@ -94,6 +95,10 @@ class ActorStat:
     EPISODES: Final = "episodes"
     RANDOM_STEPS: Final = "random_steps"
     """Env steps acted uniformly at random (the algorithm's ``random_steps`` warm-up)."""
+    GAMES: Final = "games"
+    """Self-play: games that ended (against league snapshots, or ``random`` before one)."""
+    SNAPSHOTS_HELD: Final = "snapshots_held"
+    """Self-play (gauge): league snapshots it can play against."""
     ALGO_PREFIX: Final = "algo/"
     """Gauges ``algo/<name>``: what the algorithm's ``actor_metrics()`` reported after the
     actor's last fragment."""
@@ -147,6 +152,8 @@ class LearnerStat:
     HELD_SAMPLES: Final = "held_samples"
     """Samples received and not yet consumed or dropped (lost if it dies)."""
     PARAMS_VERSION: Final = "params_version"
+    SNAPSHOTS: Final = "snapshots"
+    """Self-play: league snapshots taken (``[selfplay] snapshot_every``)."""
     """The newest version it published."""
     CONSUME_LIMIT: Final = "consume_limit"
     WAITING_S: Final = "waiting_s"
@@ -213,3 +220,20 @@ class ParamsStat:
     """What the parameter service reports."""
 
     PARAMS_VERSION: Final = "params_version"
+    SNAPSHOTS: Final = "snapshots"
+    """Self-play: league snapshots taken (``[selfplay] snapshot_every``)."""
+
+
+class LeagueStat:
+    """What the self-play league reports (:mod:`tianji.services.league`)."""
+
+    SNAPSHOTS: Final = "league_snapshots"
+    """Snapshots that entered the league."""
+    GAMES_RATED: Final = "games_rated"
+    """Games the league rated."""
+    GAMES_UNRATED: Final = "games_unrated"
+    """Games against a snapshot the league never saw (e.g. it restarted): not rated."""
+    # gauges
+    LEARNER_RATING: Final = "learner_rating"
+    NEWEST_RATING: Final = "newest_rating"
+    """The newest snapshot's rating."""

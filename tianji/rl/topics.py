@@ -12,12 +12,15 @@ from tianji.rl.events import (
     CheckpointTaken,
     ComputeActions,
     EpisodesFinished,
+    GamesPlayed,
     GradientsShared,
+    OpponentsChosen,
     ParamsPublished,
     PolicyEvaluated,
     PrioritiesUpdated,
     RestoreCheckpoint,
     SampleBatch,
+    SnapshotTaken,
     TrajectoryCollected,
 )
 from tianji.runtime.events import topic
@@ -39,6 +42,9 @@ __all__ = [
     "learner_name",
     "CHECKPOINTS",
     "EPISODES",
+    "GAMES",
+    "OPPONENTS",
+    "SNAPSHOTS",
     "EVALUATIONS",
     "RESTORE",
     "LATEST_PARAMS",
@@ -68,6 +74,12 @@ RESTORE = topic(RestoreCheckpoint)
 """Monitor -> learners (resumed run): the state to continue from, sent on subscription."""
 OBSERVATIONS = topic(ComputeActions)
 """Actors -> inference service: observations that need actions."""
+SNAPSHOTS = topic(SnapshotTaken)
+"""Self-play: league snapshots, from the parameter service to actors and the league."""
+GAMES = topic(GamesPlayed)
+"""Self-play: the outcomes of actors' games, to the league."""
+OPPONENTS = topic(OpponentsChosen)
+"""Self-play: the opponent probabilities, from the league to actors."""
 
 
 def replay_snapshots_topic(buffer: str) -> str:

@@ -24,6 +24,7 @@ from tianji.rl.checkpoint import Checkpoint, read_checkpoint, replay_file
 from tianji.rl.config import RunConfig, to_dict
 from tianji.rl.events import TakeCheckpoint
 from tianji.rl.run_balance import balance_config
+from tianji.rl.selfplay import fixed_opponent
 from tianji.rl.stats import LearnerStat
 from tianji.rl.topics import buffer_name, inference_name, learner_name
 from tianji.run import progress as _progress
@@ -37,6 +38,7 @@ from tianji.runtime.service import Service
 from tianji.services.balancer import Balancer, balancer_of
 from tianji.services.common import make_algorithm
 from tianji.services.drain import drain
+from tianji.services.league import LeagueService, selfplay_summary
 from tianji.services.monitor import TrainMonitor
 
 __all__ = ["RunPlan", "TrainMonitor", "bind_addresses", "build_specs"]
@@ -80,11 +82,18 @@ def build_specs(config: RunConfig, buffer_spec: dict[str, Any]) -> list[ServiceS
     (``learner.count``), inference services, actors, evaluation workers (``eval.workers``)."""
     bind = bind_addresses(config.transport)[0]
     data = to_dict(config)
+    league = config.selfplay
+    snapshots = (
+        {"snapshot_every": league.snapshot_every, "pool_size": league.pool_size}
+        if config.env.api == "two_player"
+        else {}
+    )  # self-play: the parameter service takes the league's snapshots
     specs = [
         ServiceSpec(
             name="params-0",
             role="params",
             factory="tianji.services.params:ParamsService",
+            options=snapshots,
             bind=bind,
         )
     ]
@@ -125,6 +134,8 @@ class RunPlan:
     metrics_path: str | None = None
     dashboard: str | None = None  # HOST:PORT of the live dashboard, None: no dashboard
     monitor: TrainMonitor | None = None
+    league: LeagueService | None = None
+    """Self-play runs' league (``[env] api = "two_player"``), beside the monitor."""
     recorder: RunRecorder | None = None
     resume: tuple[RunDirectory, Checkpoint] | None = None
     replay_resume: dict[str, Checkpoint] = dataclasses.field(default_factory=dict)
@@ -167,6 +178,9 @@ class RunPlan:
             CheckpointError: when ``resume`` holds no usable checkpoint.
         """
         algo = make_algorithm(config, seed=config.seed, device="cpu")  # validates everything
+        if config.env.api == "two_player":  # the fixed opponents evaluation will play
+            for name in config.selfplay.eval_opponents:
+                fixed_opponent(name, seed=0)
         spec: BufferSpec = algo.buffer_spec()
         del algo
         balance = balance_config(config, spec)  # validates the mode
@@ -221,7 +235,17 @@ class RunPlan:
                 controller=controller_address,
                 advertise=advertise or None,
             )
-            return [self.monitor]
+            if config.env.api != "two_player":
+                return [self.monitor]
+            self.league = LeagueService(
+                "league",
+                settings=config.selfplay,
+                record=directory.path / "league.jsonl" if directory is not None else None,
+                bind=bind,
+                controller=controller_address,
+                advertise=advertise or None,
+            )
+            return [self.monitor, self.league]
 
         return make
 
@@ -371,6 +395,8 @@ class RunPlan:
                 self._record(controller, wall, self.facts(services=False))
             summary = summarize(self.config, controller, self.monitor, wall, self.on_policy)
             summary["stop_reason"] = self.monitor.done() or reason
+            if self.league is not None:
+                summary["selfplay"] = selfplay_summary(self.league, self.monitor)
             up = self._all_up_at
             summary["all_up_s"] = round(up, 3) if up is not None else None
             if backend is not None:

@@ -258,8 +258,11 @@ def plain_line(s: Snapshot) -> str:
         f" | episodes {s.episodes:>5} | return(last {s.window}) {ret}"
         f" | updates {s.updates:>5} | {_staleness(s)} | buffer {s.buffer_size:6.0f}"
     )
-    if s.evaluation is not None:
-        line += f" | eval {s.evaluation['mean']:7.1f} (v{s.evaluation['policy_version']})"
+    ev = s.evaluation
+    if ev is not None and ev.get("opponent"):  # self-play: the share of games won
+        line += f" | eval vs {ev['opponent']} win {ev['win']:.2f} (v{ev['policy_version']})"
+    elif ev is not None:
+        line += f" | eval {ev['mean']:7.1f} (v{ev['policy_version']})"
     if s.controller is not None:
         produced, consumed = s.controller["production_per_s"], s.controller["consumption_per_s"]
         paused = len(s.controller["paused_now"])
@@ -313,7 +316,16 @@ def links_down_text(down: dict[str, dict[str, str]], limit: int | None = None) -
 
 
 def metrics_row(s: Snapshot) -> dict[str, Any]:
-    """One row of the run's metrics file (JSON lines)."""
+    """One row of the run's metrics file (JSON lines); a self-play run's rows also hold the
+    newest evaluation's ``eval_opponent`` and ``eval_win`` (its share of games won)."""
+    row = _row(s)
+    if s.evaluation is not None and s.evaluation.get("opponent"):
+        row["eval_opponent"] = s.evaluation["opponent"]
+        row["eval_win"] = s.evaluation["win"]
+    return row
+
+
+def _row(s: Snapshot) -> dict[str, Any]:
     return {
         "t": round(s.elapsed, 3),
         "unix": round(s.unix, 3),
@@ -364,6 +376,8 @@ def scalars(s: Snapshot) -> dict[str, float]:
     if s.evaluation is not None:
         out["eval/return"] = s.evaluation["mean"]
         out["eval/policy_version"] = float(s.evaluation["policy_version"])
+        if s.evaluation.get("opponent"):
+            out[f"eval/win_vs_{s.evaluation['opponent']}"] = s.evaluation["win"]
     if s.lag is not None:
         out["lag/mean"], out["lag/p95"] = s.lag["mean"], s.lag["p95"]
     out.update({f"learner/{k}": float(v) for k, v in sorted(s.learner.items())})

@@ -121,7 +121,7 @@ def reference() -> str:
         if not cls.__module__.startswith("tianji.algorithms."):
             continue  # a plugin registered in this environment: its own docs
         config = cls.Config
-        out += [f"### `algorithm = \"{name}\"`", "", *table(config, skip_tables=False), ""]
+        out += [f'### `algorithm = "{name}"`', "", *table(config, skip_tables=False), ""]
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -132,4 +132,3 @@ def main() -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-

@@ -16,16 +16,21 @@ from tianji.rl.events import (
     ActionsComputed,
     ComputeActions,
     EpisodesFinished,
+    GamesPlayed,
     GrantProduction,
     ParamsPublished,
     TrajectoryCollected,
 )
+from tianji.rl.masks import legal_actions, mask_size
 from tianji.rl.run_balance import balance_config
 from tianji.rl.slots import StateSlots
 from tianji.rl.stats import ActorStat, Dropped
 from tianji.rl.topics import (
     EPISODES,
+    GAMES,
     LATEST_PARAMS,
+    OPPONENTS,
+    SNAPSHOTS,
     actions_topic,
     observations_topic,
     shard_of_actor,
@@ -42,6 +47,7 @@ from tianji.services.common import (
     transitions,
 )
 from tianji.services.numbered import publish_numbered
+from tianji.services.opponents import OpponentPool
 
 __all__ = ["ActorService", "FragmentCollector"]
 
@@ -63,7 +69,9 @@ class ActorService(Service):
         self.trajectories = trajectories_topic(shard_of_actor(index, shards), shards)
         inference = run.inference.count
         self.observations = observations_topic(index % inference, inference)  # round-robin
-        super().__init__(name, publishes=[self.trajectories, EPISODES, self.observations], **kwargs)
+        topics = [self.trajectories, EPISODES, self.observations]
+        selfplay = run.env.api == "two_player"
+        super().__init__(name, publishes=topics + ([GAMES] if selfplay else []), **kwargs)
         self.config = run
         apply_run_options(self, self.config)
         self.index = index
@@ -101,6 +109,17 @@ class ActorService(Service):
         balance = balance_config(self.config, self.spec)
         self.weights_on_grant = balance.weights_on_grant
         self.subscribe(LATEST_PARAMS, self.on_params, on_demand=True)
+        self.opponents: OpponentPool | None = None
+        if selfplay:  # the league's snapshots to play against, and how to draw them
+            league = run.selfplay
+            self.opponents = OpponentPool(
+                lambda: make_algorithm(run, seed=self.seed, device="cpu"),
+                pool_size=league.pool_size,
+                explore=league.opponent_explore,
+                seed=self.seed,
+            )
+            self.subscribe(SNAPSHOTS, self.opponents.on_snapshot)
+            self.subscribe(OPPONENTS, self.opponents.on_opponents)
 
     async def on_params(self, ev: ParamsPublished) -> None:
         if ev.policy_version > max(self.policy_version, self._pending_version()):
@@ -269,8 +288,9 @@ class ActorService(Service):
         self.gauges[ActorStat.FRAGMENTS_AT_VERSION] = self.sent_at_version
         self.report_soon()
 
-    def _random_warm_up(self, act: Act, space: Any) -> Act:
-        """``act``, with its actions replaced by uniform ones over ``space`` for this actor's
+    def _random_warm_up(self, act: Act, space: Any, obs_space: Any) -> Act:
+        """``act``, with its actions replaced by uniform ones over ``space`` (legal ones,
+        where ``obs_space`` carries an action mask) for this actor's
         share of the algorithm's ``random_steps`` (``ceil(random_steps / actors)`` env
         steps) in a run that starts from scratch: an actor restarted once the learner has
         published (its first weights newer than version 0) acts by the policy at once."""
@@ -289,7 +309,8 @@ class ActorService(Service):
             if left > 0:
                 left -= len(obs)
                 self.counters[ActorStat.RANDOM_STEPS] += len(obs)
-                out = {**out, "action": uniform_actions(space, len(obs), rng)}
+                legal = legal_actions(obs, obs_space) if mask_size(obs_space) else None
+                out = {**out, "action": uniform_actions(space, len(obs), rng, legal)}
             return out
 
         return act_or_random
@@ -302,12 +323,16 @@ class ActorService(Service):
         per_group = actors.envs_per_actor // actors.splits
         groups = [make_vector_env(self.config.env, per_group) for _ in range(actors.splits)]
         collector = FragmentCollector(groups, actors.fragment_length, self.seed)
+        if self.opponents is not None:
+            self.opponents.attach([env for group in groups for env in group.envs])
         await self._have_params.wait()  # act with the learner's weights, never our own init
         await self.wait_subscribers(self.trajectories)
         if self.remote:
             await self.wait_subscribers(self.observations)
         act = self._random_warm_up(
-            self._act_remote if self.remote else self._act_local, groups[0].single_action_space
+            self._act_remote if self.remote else self._act_local,
+            groups[0].single_action_space,
+            groups[0].single_observation_space,
         )
         try:
             while True:
@@ -328,5 +353,26 @@ class ActorService(Service):
                     ),
                     EPISODES,
                 )
+                if self.opponents is not None:
+                    await self._publish_games(collector.take_games())
         finally:
             collector.close()
+
+    async def _publish_games(self, games: list[tuple[str, int, float]]) -> None:
+        """Self-play: the games that ended, for the league's ratings."""
+        assert self.opponents is not None
+        self.gauges[ActorStat.SNAPSHOTS_HELD] = len(self.opponents.held)
+        if not games:
+            return
+        self.counters[ActorStat.GAMES] += len(games)
+        opponents, seats, outcomes = zip(*games, strict=True)
+        await self.publish(
+            GamesPlayed(
+                actor=self.name,
+                policy_version=self.policy_version,
+                opponents=tuple(opponents),
+                seats=np.asarray(seats, np.int8),
+                outcomes=np.asarray(outcomes, np.float32),
+            ),
+            GAMES,
+        )

@@ -64,6 +64,8 @@ class EnvGroup:
         self.multi_agent = is_multi_agent(envs.envs[0])
         self.records = records_episodes(envs.envs[0])
         self.state: np.ndarray | None = info["state"] if self.multi_agent else None
+        self.games: list[tuple[str, int, float]] = []
+        """Two-player games that ended (``tianji.rl.selfplay``): (opponent, seat, outcome)."""
         self.episode_return = np.zeros(envs.num_envs, np.float64)
         self.episode_length = np.zeros(envs.num_envs, np.int64)
         self.starts = np.ones(envs.num_envs, bool)  # each env's first obs of an episode
@@ -109,6 +111,8 @@ class EnvGroup:
     ) -> None:
         self.episode_return += reward
         self.episode_length += 1
+        if done.any() and "_outcome" in info.get("final_info", {}):
+            self._games(info["final_info"], done)
         for i in np.flatnonzero(done):
             if self.records:
                 final = info["final_info"]
@@ -120,6 +124,12 @@ class EnvGroup:
                 lengths.append(int(self.episode_length[i]))
             self.episode_return[i] = 0.0
             self.episode_length[i] = 0
+
+    def _games(self, final: dict[str, Any], done: np.ndarray) -> None:
+        for i in np.flatnonzero(done & final["_outcome"]):
+            self.games.append(
+                (str(final["opponent"][i]), int(final["seat"][i]), float(final["outcome"][i]))
+            )
 
     def _agent_columns(self, info: dict[str, Any], done: np.ndarray) -> dict[str, np.ndarray]:
         """``state``, ``next_state`` and ``agent_reward`` of one multi-agent step. For an
@@ -181,6 +191,13 @@ class FragmentCollector:
                 for group in self.groups:
                     tg.create_task(group.run(act, fragment, returns, lengths))
         return fragment.columns, returns, lengths
+
+    def take_games(self) -> list[tuple[str, int, float]]:
+        """The two-player games that ended since the last call: (opponent, seat, outcome)."""
+        games = [g for group in self.groups for g in group.games]
+        for group in self.groups:
+            group.games.clear()
+        return games
 
     def close(self) -> None:
         """Close every group's envs."""

@@ -12,6 +12,7 @@ from tianji import algorithms
 from tianji.rl.algorithm import SupportsGradientSync
 from tianji.rl.config import RunConfig, build_dataclass
 from tianji.rl.envs import env_spaces_and_state
+from tianji.rl.masks import mask_problem
 from tianji.runtime.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ def make_algorithm(config: RunConfig, *, seed: int, device: str) -> Any:
     if state_space is not None and not multi_agent:
         why = f'a single-agent env; {config.env.id} is multi-agent: use "mappo" or "qmix"'
         raise ConfigError("algorithm", config.algorithm, why)
-    problem = cls.check_spaces(obs_space, action_space)
+    problem = _space_problem(cls, obs_space, action_space)
     if problem:
         takers = algorithms_taking(obs_space, action_space, multi_agent)
         hint = f"; these take them: {', '.join(takers)}" if takers else ""
@@ -76,11 +77,18 @@ def algorithms_taking(obs_space: Any, action_space: Any, multi_agent: bool) -> l
             cls = algorithms.get(name)
             if bool(getattr(cls, "multi_agent", False)) != multi_agent:
                 continue
-            if cls.check_spaces(obs_space, action_space) is None:
+            if _space_problem(cls, obs_space, action_space) is None:
                 takers.append(name)
         except Exception as exc:  # a broken plugin is no suggestion; the error stands
             log.debug("algorithm %r not suggested: %s", name, exc)
     return takers
+
+
+def _space_problem(cls: Any, obs_space: Any, action_space: Any) -> str | None:
+    """What ``cls.check_spaces`` says, or that it would ignore the observations' action
+    mask (:func:`~tianji.rl.masks.mask_problem`)."""
+    problem: str | None = cls.check_spaces(obs_space, action_space)
+    return problem or mask_problem(cls, obs_space)
 
 
 def check_lr(service: Service, lr: float | None, version: int) -> None:

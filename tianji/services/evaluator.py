@@ -30,6 +30,7 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from tianji.rl.envs import env_factory
 from tianji.rl.events import ParamsPublished, PolicyEvaluated
+from tianji.rl.selfplay import Opponent, TwoPlayerGame, fixed_opponent
 from tianji.rl.slots import StateSlots
 from tianji.rl.stats import EvalStat
 from tianji.rl.topics import EVALUATIONS, LATEST_PARAMS
@@ -105,7 +106,15 @@ class EvalService(Service):
         self.settings = self.config.eval
         self.algo = make_algorithm(self.config, seed=self.config.seed + 500 + index, device="cpu")
         self.env_config = self.settings.env(self.config.env)
-        self.seeds = [self.config.seed + SEED_BASE + i for i in range(self.settings.episodes)]
+        self.opponents: list[str] = []
+        """Self-play: the fixed opponents each evaluation plays (``eval_games`` each), each
+        made anew (:func:`~tianji.rl.selfplay.fixed_opponent`) from the same seed every
+        time, as the games' reset seeds are."""
+        episodes = self.settings.episodes
+        if self.config.env.api == "two_player":
+            self.opponents = list(self.config.selfplay.eval_opponents)
+            episodes = self.config.selfplay.eval_games
+        self.seeds = [self.config.seed + SEED_BASE + i for i in range(episodes)]
         self.evaluated = -1  # the policy version last evaluated
         self._pending: ParamsPublished | None = None
         self._pending_lease: Lease | None = None
@@ -166,31 +175,49 @@ class EvalService(Service):
                 if version is None:
                     continue
                 last = time.monotonic()
-                returns, lengths = await self._evaluate()
+                for name in self.opponents or [None]:
+                    seed = self.config.seed + SEED_BASE
+                    opponent = fixed_opponent(name, seed) if name is not None else None
+                    returns, lengths = await self._evaluate(opponent)
+                    await self._report(version, returns, lengths, opponent)
                 self.evaluated = version
                 self.gauges[EvalStat.EVAL_S] += time.monotonic() - last
                 self.counters[EvalStat.EVALUATIONS] += 1
-                self.counters[EvalStat.EPISODES] += int(returns.size)
-                self.counters[EvalStat.ENV_STEPS] += int(lengths.sum())
-                self.gauges[EvalStat.RETURN] = float(returns.mean())
-                self.gauges[EvalStat.POLICY_VERSION] = version
-                self.report_soon()
-                await self.publish(
-                    PolicyEvaluated(
-                        worker=self.name, policy_version=version, returns=returns, lengths=lengths
-                    ),
-                    EVALUATIONS,
-                )
         finally:
             for envs in self._envs.values():
                 envs.close()
 
-    async def _evaluate(self) -> tuple[np.ndarray, np.ndarray]:
-        """Every episode of one evaluation, in waves of at most :data:`WAVE` envs."""
+    async def _report(
+        self, version: int, returns: np.ndarray, lengths: np.ndarray, opponent: Opponent | None
+    ) -> None:
+        self.counters[EvalStat.EPISODES] += int(returns.size)
+        self.counters[EvalStat.ENV_STEPS] += int(lengths.sum())
+        self.gauges[EvalStat.RETURN] = float(returns.mean())
+        self.gauges[EvalStat.POLICY_VERSION] = version
+        self.report_soon()
+        against = opponent.id if opponent is not None else ""
+        await self.publish(
+            PolicyEvaluated(
+                worker=self.name, policy_version=version, returns=returns, lengths=lengths,
+                opponent=against,
+            ),
+            EVALUATIONS,
+        )  # fmt: skip
+
+    async def _evaluate(self, opponent: Opponent | None) -> tuple[np.ndarray, np.ndarray]:
+        """Every episode of one evaluation, in waves of at most :data:`WAVE` envs; in a
+        two-player game against ``opponent``, the learner first in the even games and
+        second in the odd ones."""
         returns, lengths = [], []
         for start in range(0, len(self.seeds), WAVE):
             seeds = self.seeds[start : start + WAVE]
             envs = self._wave_envs(len(seeds))
+            if opponent is not None:
+                for i, env in enumerate(envs.envs):
+                    game = env.unwrapped
+                    assert isinstance(game, TwoPlayerGame)
+                    game.set_opponent(opponent)
+                    game.seat_rule = "first" if (start + i) % 2 == 0 else "second"
             r, n = await play_episodes(self.algo, envs, seeds, explore=self.settings.explore)
             returns.append(r)
             lengths.append(n)

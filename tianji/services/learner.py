@@ -459,6 +459,7 @@ class LearnerService(Service):
         started = asyncio.get_running_loop().time()
         result = await self.runner.run(self.algo.update, batch.arrays)
         self.gauges[LearnerStat.UPDATE_S] += asyncio.get_running_loop().time() - started
+        self.gauges["updates_in_thread"] = 0.0 if self.runner.inline else 1.0
         self._updating = False
         self.version += 1
         self.counters[LearnerStat.LEARNER_UPDATES] = self.version

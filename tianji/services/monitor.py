@@ -181,17 +181,23 @@ class TrainMonitor(Service):
         if not returns.size:
             return
         mean = float(returns.mean())
-        self.evaluations.append(
-            {
-                "policy_version": int(ev.policy_version),
-                "mean": mean,
-                "std": float(returns.std()),
-                "episodes": int(returns.size),
-                "env_steps": self.env_steps,
-                "t": round(time.monotonic() - self.started + self.elapsed_before, 3),
-                "worker": ev.worker,
-            }
-        )
+        entry = {
+            "policy_version": int(ev.policy_version),
+            "mean": mean,
+            "std": float(returns.std()),
+            "episodes": int(returns.size),
+            "env_steps": self.env_steps,
+            "t": round(time.monotonic() - self.started + self.elapsed_before, 3),
+            "worker": ev.worker,
+        }
+        if ev.opponent:  # self-play: games against a fixed opponent, outcomes +1/0/-1
+            entry.update(
+                opponent=ev.opponent,
+                win=float((returns > 0).mean()),
+                draw=float((returns == 0).mean()),
+                loss=float((returns < 0).mean()),
+            )
+        self.evaluations.append(entry)
         if self.stop_config.on == "eval":
             self._check_target(mean)
 

@@ -1,0 +1,164 @@
+"""Self-play on connect four: train for S seconds, then measure the final policy.
+
+    python benchmarks/selfplay.py --seconds 1800 --out docs/results
+
+Runs ``tianji train examples/connect_four_selfplay.toml --max-seconds S`` (timed from its
+launch), then plays the newest checkpoint's greedy policy ``--games`` games against the
+uniform random player and as many against the scripted one
+(``tianji.rl.selfplay.ConnectFourScripted``), half first and half second, and reads the
+run's league: the rating of each snapshot when it was taken (the newest snapshot's rating
+over the run) and the evaluations made during the run. Writes
+``<out>/selfplay-connect-four.json`` and ``.md``. Run it alone on the machine.
+
+The goal it reports (issue 35): after 30 minutes the policy wins >= 95 % of its games
+against random and >= 70 % against the scripted player, from both seats alike, and the
+newest snapshot's rating rises monotonically over the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "connect_four_selfplay.toml"
+GAME = "pettingzoo.classic.connect_four_v3"
+
+
+def train(seconds: float, seed: int, work: Path) -> dict[str, Any]:
+    summary = work / "summary.json"
+    command = [
+        sys.executable, "-m", "tianji.cli", "train", str(EXAMPLE), "--max-seconds",
+        str(seconds), "--seed", str(seed), "--no-dashboard", "--summary", str(summary),
+        "--run-dir", str(work / "runs"),
+    ]  # fmt: skip
+    started = time.time()
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=seconds + 600)
+    if proc.returncode != 0:
+        raise SystemExit(f"training failed:\n{proc.stderr[-3000:]}")
+    out: dict[str, Any] = json.loads(summary.read_text())
+    out["wall_s"] = round(time.time() - started, 1)
+    out["command"] = " ".join(command[1:])
+    return out
+
+
+def measure(run_dir: str, games: int, seed: int) -> dict[str, Any]:
+    """The newest checkpoint's greedy policy against each fixed opponent, by seat."""
+    from tianji.rl.selfplay import (
+        ConnectFourScripted,
+        RandomOpponent,
+        play_games,
+        two_player_factory,
+    )
+    from tianji.run.policy import load_policy
+
+    policy = load_policy(run_dir)
+    make = two_player_factory(GAME, {}, "alternate")
+    results: dict[str, Any] = {"policy_version": policy.policy_version}
+    for name, opponent in (("random", RandomOpponent), ("scripted", ConnectFourScripted)):
+        by_seat = {
+            seat: play_games(make, policy, opponent(seed=seed), games // 2, seed, seat=seat)
+            for seat in ("first", "second")
+        }
+        both = {
+            k: (by_seat["first"][k] + by_seat["second"][k]) / 2 for k in ("win", "draw", "loss")
+        }
+        results[name] = {**both, "games": games, "by_seat": by_seat}
+    return results
+
+
+def rating_curve(summary: dict[str, Any]) -> dict[str, Any]:
+    curve = summary["selfplay"]["rating_at_snapshot"]
+    ratings = [r for _, r in curve]
+    drops = [
+        (curve[i][0], ratings[i - 1], ratings[i])
+        for i in range(1, len(ratings))
+        if ratings[i] < ratings[i - 1]
+    ]
+    return {"curve": curve, "monotonic": not drops, "drops": drops}
+
+
+def markdown(report: dict[str, Any]) -> str:
+    m, curve = report["final"], report["rating"]
+    lines = [
+        f"# Self-play on connect four, {report['seconds']:.0f} s (seed {report['seed']})",
+        "",
+        f"Command: `{report['train']['command']}`, then {m['random']['games']} games of the "
+        "newest checkpoint's greedy policy against each fixed opponent, half first, half second.",
+        "",
+        "| opponent | win | draw | loss | win first | win second |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in ("random", "scripted"):
+        r = m[name]
+        lines.append(
+            f"| {name} | {r['win']:.3f} | {r['draw']:.3f} | {r['loss']:.3f} | "
+            f"{r['by_seat']['first']['win']:.3f} | {r['by_seat']['second']['win']:.3f} |"
+        )
+    lines += [
+        "",
+        f"Newest snapshot's rating at its creation, {len(curve['curve'])} snapshots: "
+        f"monotonic: {curve['monotonic']} (drops: {len(curve['drops'])}); first "
+        f"{curve['curve'][0] if curve['curve'] else '-'}, last "
+        f"{curve['curve'][-1] if curve['curve'] else '-'}.",
+        "",
+        "Evaluations during the run (policy version, opponent, win share):",
+        "",
+    ]
+    for ev in report["evaluations"]:
+        lines.append(
+            f"- t {ev['t']:.0f} s, v{ev['policy_version']}: {ev['opponent']} {ev['win']:.2f}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python benchmarks/selfplay.py", description=__doc__)
+    p.add_argument("--seconds", type=float, default=1800.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--games", type=int, default=400, help="per fixed opponent (even)")
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        print(f"training {args.seconds:.0f} s from {time.strftime('%H:%M:%S')}", flush=True)
+        summary = train(args.seconds, args.seed, Path(tmp))
+        final = measure(summary["run_dir"], args.games, args.seed + 1)
+    evaluations = [
+        {k: ev[k] for k in ("t", "policy_version", "opponent", "win", "draw", "loss")}
+        for ev in summary["evaluations"]
+        if ev.get("opponent")
+    ]
+    report = {
+        "seconds": args.seconds,
+        "seed": args.seed,
+        "train": {
+            k: summary[k] for k in ("command", "wall_s", "env_steps", "learner_updates", "selfplay")
+        },
+        "final": final,
+        "rating": rating_curve(summary),
+        "evaluations": evaluations,
+        "goal": {
+            "win_vs_random_ge_0.95": final["random"]["win"] >= 0.95,
+            "win_vs_scripted_ge_0.70": final["scripted"]["win"] >= 0.70,
+            "rating_monotonic": rating_curve(summary)["monotonic"],
+        },
+        "unix": time.time(),
+    }
+    text = markdown(report)
+    print(text)
+    print(json.dumps(report["goal"]))
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "selfplay-connect-four.json").write_text(json.dumps(report, indent=2) + "\n")
+        (args.out / "selfplay-connect-four.md").write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

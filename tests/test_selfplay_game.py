@@ -1,0 +1,122 @@
+"""Two-player games from the learner's seat: legal moves only, seats alternating, the outcome
+at the end; the scripted connect-four player wins, blocks and does not give games away."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tianji.rl.masks import MaskedObs, legal_actions
+from tianji.rl.selfplay import (
+    ConnectFourScripted,
+    IllegalMove,
+    PolicyOpponent,
+    RandomOpponent,
+    TwoPlayerGame,
+    play_games,
+    two_player_factory,
+)
+from tianji.runtime.errors import ConfigError
+
+pytest.importorskip("pettingzoo.classic")
+C4 = "pettingzoo.classic.connect_four_v3"
+
+
+def connect_four() -> TwoPlayerGame:
+    return two_player_factory(C4, {}, "alternate")()
+
+
+def test_a_game_is_played_from_alternating_seats_with_the_outcome_at_its_end() -> None:
+    game = connect_four()
+    game.set_opponent(RandomOpponent(seed=1))
+    assert isinstance(game.observation_space, MaskedObs) and game.action_space.n == 7
+    rng = np.random.default_rng(0)
+    seats, outcomes = [], []
+    for k in range(6):
+        obs, info = game.reset(seed=k)
+        seats.append(info["seat"])
+        pieces = obs[:84].sum()
+        assert pieces == (0 if info["seat"] == 0 else 1)  # the opponent moved first
+        done, rewards = False, []
+        while not done:
+            legal = np.flatnonzero(legal_actions(obs, game.observation_space))
+            obs, reward, terminated, truncated, info = game.step(int(rng.choice(legal)))
+            rewards.append(reward)
+            done = terminated or truncated
+        assert all(r == 0 for r in rewards[:-1]) and rewards[-1] == info["outcome"]
+        assert info["opponent"] == "random" and info["seat"] == seats[-1]
+        outcomes.append(info["outcome"])
+    assert seats == [0, 1, 0, 1, 0, 1]
+    assert set(outcomes) <= {-1.0, 0.0, 1.0}
+
+
+def test_an_illegal_move_is_refused_naming_the_legal_ones() -> None:
+    game = connect_four()
+    game.set_opponent(PolicyOpponent("stubborn", lambda obs: np.array([0])))
+    game.reset(seed=0)  # seat 0: the learner moves first
+    for _ in range(3):  # column 0 fills (the opponent stacks on it too)
+        game.step(0)
+    with pytest.raises(IllegalMove) as err:
+        game.step(0)
+    assert err.value.action == 0 and err.value.legal == [1, 2, 3, 4, 5, 6]
+    game.reset(seed=1)  # seat 1: the stubborn opponent moves first ...
+    for _ in range(2):
+        game.step(0)
+    with pytest.raises(IllegalMove, match="opponent 'stubborn'"):  # ... until it may not
+        game.step(0)
+
+
+def _view(mine: list[tuple[int, int]], theirs: list[tuple[int, int]]) -> np.ndarray:
+    board = np.zeros((6, 7, 2), np.float32)
+    for r, c in mine:
+        board[r, c, 0] = 1
+    for r, c in theirs:
+        board[r, c, 1] = 1
+    mask = (board[0].sum(-1) == 0).astype(np.float32)
+    return np.concatenate([board.reshape(-1), mask])
+
+
+def test_the_scripted_player_wins_when_it_can_and_blocks_when_it_must() -> None:
+    player = ConnectFourScripted(seed=0)
+    win = _view([(5, 0), (5, 1), (5, 2)], [(4, 0), (4, 1), (4, 2)])
+    assert all(player.act(win) == 3 for _ in range(20))  # its own row first
+    block = _view([(5, 6), (4, 6)], [(5, 2), (5, 3), (5, 4)])
+    assert {player.act(block) for _ in range(20)} <= {1, 5}  # either end of their three
+    vertical = _view([(5, 0), (5, 1)], [(5, 5), (4, 5), (3, 5)])
+    assert all(player.act(vertical) == 5 for _ in range(20))
+
+
+def test_the_scripted_player_does_not_play_under_the_opponents_win() -> None:
+    # They threaten row 4 at column 3 (row 4, cols 0-2 theirs); column 3 is empty to row
+    # 5: a piece there (no win, no block) would let them win on top of it.
+    trap = _view([(5, 0), (5, 2), (5, 6)], [(4, 0), (4, 1), (4, 2), (5, 1)])
+    picks = {ConnectFourScripted(seed=s).act(trap) for s in range(40)}
+    assert 3 not in picks and picks
+
+
+def test_the_scripted_player_beats_random_and_random_is_even_with_itself() -> None:
+    scripted = ConnectFourScripted(seed=3)
+    result = play_games(
+        connect_four, lambda obs: np.array([scripted.act(obs[0])]), RandomOpponent(seed=4), games=60
+    )
+    assert result["win"] >= 0.9, result
+    random_player = RandomOpponent(seed=5)
+    random_player.n = 7
+    even = play_games(
+        connect_four,
+        lambda obs: np.array([random_player.act(obs[0])]),
+        RandomOpponent(seed=6),
+        games=200,
+    )
+    assert 0.3 < even["win"] < 0.7, even  # first and second seats alike: about even
+
+
+def test_a_game_that_is_not_a_two_player_masked_game_is_refused() -> None:
+    with pytest.raises(ConfigError, match="two-player"):
+        two_player_factory("mpe2.simple_spread_v3", {}, "alternate")
+    with pytest.raises(ConfigError, match="Dict"):
+        two_player_factory("pettingzoo.classic.rps_v2", {}, "alternate")
+    with pytest.raises(ConfigError, match="connect_five"):
+        two_player_factory("pettingzoo.classic.connect_five_v0", {}, "alternate")
+    with pytest.raises(ValueError, match="middle"):
+        two_player_factory(C4, {}, "middle")

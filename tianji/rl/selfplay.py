@@ -1,0 +1,370 @@
+"""Two-player zero-sum games from the learner's seat: the env of self-play.
+
+A turn-based PettingZoo AEC game (``pettingzoo.classic.connect_four_v3``, ...) is seen by
+tianji's actors as one single-agent gymnasium env, :class:`TwoPlayerGame`: the learner's
+moves are the env's actions, and the other seat's moves are made inside ``step`` by an
+:class:`Opponent` (a past snapshot of the learner, the uniform random policy or a scripted
+player) that the actor sets before each game. Observations are the mover's view with its
+action mask (:class:`~tianji.rl.masks.MaskedObs`), so the algorithm must honour masks; an
+illegal move is refused (:class:`IllegalMove`), never played.
+
+The learner sits first in even games and second in odd ones (``seat = "alternate"``), so
+it learns, and is measured, on both sides. The reward is the game's outcome for the
+learner at the end (+1 win, 0 draw, -1 loss) and 0 before; the last step's info holds
+``outcome``, ``opponent`` (its id) and ``seat`` for the league's ratings.
+
+Usage::
+
+    game = TwoPlayerGame(connect_four_v3.env(), name="connect_four_v3")
+    game.set_opponent(RandomOpponent(seed=0))
+    obs, info = game.reset(seed=0)
+    obs, reward, terminated, truncated, info = game.step(3)
+"""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+from collections.abc import Callable
+from typing import Any, ClassVar, Final, Protocol
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from tianji.rl.masks import MaskedObs, flatten_masked, has_mask_keys, uniform_legal
+from tianji.runtime.errors import ConfigError
+
+__all__ = [
+    "FIXED_OPPONENTS",
+    "SEATS",
+    "ConnectFourScripted",
+    "IllegalMove",
+    "Opponent",
+    "PolicyOpponent",
+    "RandomOpponent",
+    "TwoPlayerGame",
+    "fixed_opponent",
+    "play_games",
+    "two_player_factory",
+]
+
+
+class IllegalMove(ValueError):
+    """A move the game's action mask forbids.
+
+    Attributes:
+        action: the move.
+        legal: the legal moves at that point.
+    """
+
+    def __init__(self, who: str, action: int, legal: list[int]) -> None:
+        super().__init__(f"{who} played the illegal move {action}; legal moves: {legal}")
+        self.action, self.legal = action, legal
+
+
+class Opponent(Protocol):
+    """The other seat: its id (the league's name for it) and a move for one masked
+    observation ``[D + n]`` of its own view."""
+
+    id: str
+
+    def act(self, obs: np.ndarray) -> int: ...
+
+
+class RandomOpponent:
+    """Uniform over the legal moves."""
+
+    id = "random"
+
+    def __init__(self, seed: int = 0) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.n = 0  # set by the game: the number of actions
+
+    def act(self, obs: np.ndarray) -> int:
+        return int(uniform_legal(obs[None, -self.n :] > 0.5, self.rng)[0])
+
+
+class PolicyOpponent:
+    """A policy (e.g. a snapshot of the learner) as an opponent: ``act`` maps a batch of
+    masked observations ``[1, D + n]`` to actions ``[1]``."""
+
+    def __init__(self, id: str, act: Callable[[np.ndarray], np.ndarray]) -> None:
+        self.id, self._act = id, act
+
+    def act(self, obs: np.ndarray) -> int:
+        return int(np.asarray(self._act(obs[None]))[0])
+
+
+ROWS, COLS = 6, 7
+SEATS: Final = ("alternate", "first", "second")
+"""Where the learner sits: first in even games and second in odd ones (training and
+evaluation), or always first or second."""
+CENTER_FIRST: Final = np.array([1, 2, 3, 4, 3, 2, 1], np.float64)
+"""The scripted player's preference between otherwise equal columns."""
+
+
+class ConnectFourScripted:
+    """A connect-four player by rules: win now if it can; else block a column where the
+    opponent would win next; else avoid a column that lets the opponent win on top of its
+    piece; among what is left, prefer central columns (drawn with weights 1-2-3-4-3-2-1).
+
+    Reads the PettingZoo ``connect_four_v3`` view: ``[6, 7, 2]`` with the mover's pieces in
+    channel 0 and the other's in channel 1, row 0 on top, then the 7-entry mask.
+    """
+
+    id = "scripted"
+
+    def __init__(self, seed: int = 0) -> None:
+        self.rng = np.random.default_rng(seed)
+
+    def act(self, obs: np.ndarray) -> int:
+        board = np.asarray(obs[: ROWS * COLS * 2]).reshape(ROWS, COLS, 2) > 0.5
+        mine, theirs = board[..., 0], board[..., 1]
+        legal = [c for c in range(COLS) if obs[ROWS * COLS * 2 + c] > 0.5]
+        for me, other in ((mine, theirs), (theirs, mine)):  # win, else block
+            for c in legal:
+                if _wins_by(me, other, c):
+                    return c
+        safe = [c for c in legal if not _gives_away(mine, theirs, c)] or legal
+        weights = CENTER_FIRST[safe]
+        return int(safe[int(self.rng.choice(len(safe), p=weights / weights.sum()))])
+
+
+def _drop_row(mine: np.ndarray, theirs: np.ndarray, col: int) -> int | None:
+    """The row a piece dropped in ``col`` lands in (None: the column is full)."""
+    empty = np.flatnonzero(~(mine[:, col] | theirs[:, col]))
+    return int(empty[-1]) if len(empty) else None
+
+
+def _four(pieces: np.ndarray, row: int, col: int) -> bool:
+    """Whether ``pieces`` hold four in a line through ``(row, col)``."""
+    for dr, dc in ((0, 1), (1, 0), (1, 1), (1, -1)):
+        count = 1
+        for sign in (1, -1):
+            r, c = row + sign * dr, col + sign * dc
+            while 0 <= r < ROWS and 0 <= c < COLS and pieces[r, c]:
+                count += 1
+                r, c = r + sign * dr, c + sign * dc
+        if count >= 4:
+            return True
+    return False
+
+
+def _wins_by(me: np.ndarray, other: np.ndarray, col: int) -> bool:
+    row = _drop_row(me, other, col)
+    if row is None:
+        return False
+    placed = me.copy()
+    placed[row, col] = True
+    return _four(placed, row, col)
+
+
+def _gives_away(mine: np.ndarray, theirs: np.ndarray, col: int) -> bool:
+    """Whether playing ``col`` lets the opponent win by playing on top of it."""
+    row = _drop_row(mine, theirs, col)
+    if row is None or row == 0:
+        return False
+    placed = mine.copy()
+    placed[row, col] = True
+    return _wins_by(theirs, placed, col)
+
+
+class TwoPlayerGame(gym.Env[np.ndarray, int]):
+    """A two-player AEC game from the learner's seat (see the module doc).
+
+    Args:
+        game: a PettingZoo AEC env with exactly two agents, each with the same
+            ``Dict(observation, action_mask)`` observation space and ``Discrete`` actions.
+        name: how the game is named in errors (the configured id).
+        seat: "alternate" (first in even games), "first" or "second".
+
+    Raises:
+        ConfigError: naming the game if it is not such a two-player game.
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+
+    def __init__(self, game: Any, *, name: str = "", seat: str = "alternate") -> None:
+        self.game, self.name = game, name or type(game).__name__
+        if seat not in SEATS:
+            raise ValueError(f"seat {seat!r}: one of {', '.join(SEATS)}")
+        self.seat_rule = seat
+        agents = list(getattr(game, "possible_agents", []))
+        if len(agents) != 2:
+            raise ConfigError("env.id", self.name, f"a two-player game, got agents {agents}")
+        self.agents = agents
+        obs_space, act_space = game.observation_space(agents[0]), game.action_space(agents[0])
+        if not has_mask_keys(obs_space) or not isinstance(act_space, spaces.Discrete):
+            why = "a game with Dict(observation, action_mask) views and Discrete moves"
+            raise ConfigError("env.id", self.name, f"{why}, got {obs_space!r}, {act_space!r}")
+        self.n = int(act_space.n)
+        self.observation_space = MaskedObs(obs_space["observation"], self.n)
+        self.action_space = spaces.Discrete(self.n)
+        self.opponent: Opponent = RandomOpponent()
+        self.opponent_source: Callable[[], Opponent] | None = None
+        """Called at every reset for the next game's opponent (an actor's league draw);
+        ``None``: the one :meth:`set_opponent` set."""
+        self.games = 0
+        self.seat = 0
+
+    def set_opponent(self, opponent: Opponent) -> None:
+        """Who plays the other seat from the next :meth:`reset` on."""
+        if isinstance(opponent, RandomOpponent):
+            opponent.n = self.n
+        self.opponent = opponent
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        self.game.reset(seed=seed)
+        if self.opponent_source is not None:
+            self.set_opponent(self.opponent_source())
+        if isinstance(self.opponent, RandomOpponent):
+            self.opponent.n = self.n
+        first = {"alternate": self.games % 2 == 0, "first": True, "second": False}
+        self.seat = 0 if first[self.seat_rule] else 1
+        self.games += 1
+        self.me = self.agents[self.seat]
+        if self.game.agent_selection != self.me:
+            self._opponent_moves()
+        return self._view(self.me), {"seat": self.seat, "opponent": self.opponent.id}
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        action = int(action)
+        view = self._view(self.me)
+        self._check(view, action, "the learner")
+        self.game.step(action)
+        if not self._over():
+            self._opponent_moves()
+        over = self._over()
+        reward = float(self.game.rewards[self.me]) if over else 0.0
+        info: dict[str, Any] = {}
+        if over:
+            info = {"outcome": reward, "opponent": self.opponent.id, "seat": self.seat}
+        truncated = over and not any(self.game.terminations.values())
+        return self._view(self.me), reward, over and not truncated, truncated, info
+
+    def _opponent_moves(self) -> None:
+        other = self.game.agent_selection
+        view = self._view(other)
+        action = self.opponent.act(view)
+        self._check(view, action, f"opponent {self.opponent.id!r}")
+        self.game.step(action)
+
+    def _check(self, view: np.ndarray, action: int, who: str) -> None:
+        legal = np.flatnonzero(view[-self.n :] > 0.5)
+        if action not in legal:
+            raise IllegalMove(who, action, legal.tolist())
+
+    def _over(self) -> bool:
+        g = self.game
+        return any(g.terminations.values()) or any(g.truncations.values())
+
+    def _view(self, agent: str) -> np.ndarray:
+        obs = self.game.observe(agent)
+        return flatten_masked(obs["observation"], obs["action_mask"])
+
+    def close(self) -> None:
+        self.game.close()
+
+
+def two_player_factory(
+    env_id: str, kwargs: dict[str, Any], seat: str
+) -> Callable[[], TwoPlayerGame]:
+    """A factory of :class:`TwoPlayerGame` for a PettingZoo AEC game named by its module
+    (``"pettingzoo.classic.connect_four_v3"``; its ``env(**kwargs)`` makes it).
+
+    Raises:
+        ConfigError: naming the id if the module cannot be imported (with the install
+            hint for PettingZoo's classic games) or is not a two-player masked game.
+    """
+    try:
+        with warnings.catch_warnings():  # PettingZoo 1.27 warns of its module-level env()
+            warnings.filterwarnings("ignore", "The old environment creation API")
+            module = importlib.import_module(env_id)
+    except ImportError as exc:
+        hint = "pip install 'pettingzoo[classic]'" if "pettingzoo" in env_id else str(exc)
+        raise ConfigError("env.id", env_id, f"an importable AEC game module ({hint})") from None
+    if not callable(getattr(module, "env", None)):
+        raise ConfigError("env.id", env_id, "a module with an env() that makes an AEC game")
+
+    def build() -> TwoPlayerGame:
+        return TwoPlayerGame(module.env(**kwargs), name=env_id, seat=seat)
+
+    build().close()  # refused here, before any service starts, if it is no such game
+    return build
+
+
+def play_games(
+    make: Callable[[], TwoPlayerGame],
+    policy: Callable[[np.ndarray], np.ndarray],
+    opponent: Opponent,
+    games: int,
+    seed: int = 0,
+    seat: str = "alternate",
+) -> dict[str, float]:
+    """Play ``games`` games of ``policy`` (masked observations ``[B, D + n]`` -> moves
+    ``[B]``) against ``opponent``: half of them first and half second (``seat`` "first" or
+    "second": all from that seat).
+
+    Returns:
+        ``{"win": share, "draw": share, "loss": share, "games": games}``.
+    """
+    if games < 1:
+        raise ValueError(f"games must be >= 1, got {games}")
+    if seat not in SEATS:
+        raise ValueError(f"seat {seat!r}: one of {', '.join(SEATS)}")
+    env = make()
+    env.seat_rule = seat
+    env.set_opponent(opponent)
+    tally = {1.0: 0, 0.0: 0, -1.0: 0}
+    try:
+        for k in range(games):
+            obs, _ = env.reset(seed=seed + k)
+            done = False
+            while not done:
+                action = int(np.asarray(policy(obs[None]))[0])
+                obs, _, terminated, truncated, info = env.step(action)
+                done = terminated or truncated
+            tally[float(np.sign(info["outcome"]))] += 1
+    finally:
+        env.close()
+    return {
+        "win": tally[1.0] / games,
+        "draw": tally[0.0] / games,
+        "loss": tally[-1.0] / games,
+        "games": float(games),
+    }
+
+
+FIXED_OPPONENTS: Final = ("random", "connect_four_scripted")
+"""The built-in fixed opponents by name (``[selfplay] eval_opponents``)."""
+
+
+def fixed_opponent(name: str, seed: int) -> Opponent:
+    """A fixed opponent by name: "random", "connect_four_scripted" or ``"module:Class"``
+    (built as ``Class(seed=seed)``, with an ``id`` and ``act(obs)``).
+
+    Raises:
+        ConfigError: naming ``name`` if it is none of those.
+    """
+    if name == "random":
+        return RandomOpponent(seed=seed)
+    if name == "connect_four_scripted":
+        return ConnectFourScripted(seed=seed)
+    from tianji.runtime.plugins import load_factory
+
+    expected = f'one of {", ".join(FIXED_OPPONENTS)} or "module:Class"'
+    if ":" not in name:
+        raise ConfigError("selfplay.eval_opponents", name, expected)
+    try:
+        opponent = load_factory(name)(seed=seed)
+    except ConfigError as exc:
+        raise ConfigError("selfplay.eval_opponents", name, exc.expected) from None
+    if not callable(getattr(opponent, "act", None)) or not isinstance(
+        getattr(opponent, "id", None), str
+    ):
+        raise ConfigError("selfplay.eval_opponents", name, "an object with id and act(obs)")
+    return opponent  # type: ignore[no-any-return]

@@ -1,0 +1,94 @@
+"""An actor's side of self-play: the league snapshots it holds and the draw of each game's
+opponent (``[env] api = "two_player"``, :mod:`tianji.rl.selfplay`).
+
+The parameter service publishes every league snapshot (:class:`SnapshotTaken`); the pool
+keeps the newest ``[selfplay] pool_size`` as policies of their own (the algorithm built
+once more per snapshot, its weights loaded once). The league service sends the opponent
+probabilities (:class:`OpponentsChosen`); at every game's start an env asks
+:meth:`OpponentPool.draw` for its opponent: a held snapshot drawn by those probabilities
+(renormalized over the held ones), the newest held snapshot while the league has sent
+none, and the uniform random player before the first snapshot. The game's result names
+the opponent it was actually played against, so the ratings stay right when an actor
+(e.g. restarted) lacks a snapshot the league would have drawn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from tianji.rl.events import OpponentsChosen, SnapshotTaken
+from tianji.rl.selfplay import Opponent, PolicyOpponent, RandomOpponent, TwoPlayerGame
+
+__all__ = ["OpponentPool", "snapshot_id"]
+
+
+def snapshot_id(version: int) -> str:
+    """A snapshot's id in the league: ``v<version>``."""
+    return f"v{version}"
+
+
+class OpponentPool:
+    """The snapshots an actor holds and the opponent draw (see the module doc).
+
+    Args:
+        make_policy: builds one more policy object (an algorithm with ``set_weights`` and
+            ``act``) for a snapshot.
+        pool_size: snapshots held at most (the oldest leaves first).
+        explore: snapshots sample their moves (else their greedy ones).
+        seed: seeds the draws and the random player.
+    """
+
+    def __init__(
+        self, make_policy: Callable[[], Any], *, pool_size: int, explore: bool, seed: int
+    ) -> None:
+        self.make_policy = make_policy
+        self.pool_size = pool_size
+        self.explore = explore
+        self.rng = np.random.default_rng([seed, 11])
+        self.random = RandomOpponent(seed=seed + 13)
+        self.held: dict[str, Any] = {}
+        """Snapshot id -> its policy, oldest first."""
+        self.probabilities: dict[str, float] = {}
+
+    async def on_snapshot(self, ev: SnapshotTaken) -> None:
+        sid = snapshot_id(ev.policy_version)
+        if sid in self.held:
+            return
+        policy = self.make_policy()
+        policy.set_weights(ev.weights, ev.policy_version)
+        self.held[sid] = policy
+        while len(self.held) > self.pool_size:
+            del self.held[next(iter(self.held))]
+
+    async def on_opponents(self, ev: OpponentsChosen) -> None:
+        self.probabilities = dict(ev.probabilities)
+
+    def draw(self) -> Opponent:
+        """The next game's opponent (see the module doc)."""
+        if not self.held:
+            return self.random
+        ids = [i for i in self.probabilities if i in self.held]
+        if ids:
+            p = np.array([self.probabilities[i] for i in ids], np.float64)
+            if p.sum() > 0:
+                sid = ids[int(self.rng.choice(len(ids), p=p / p.sum()))]
+                return self._opponent(sid)
+        return self._opponent(next(reversed(self.held)))
+
+    def _opponent(self, sid: str) -> PolicyOpponent:
+        policy, explore = self.held[sid], self.explore
+        return PolicyOpponent(sid, lambda obs: policy.act(obs, explore=explore)["action"])
+
+    def attach(self, envs: Sequence[Any]) -> int:
+        """Make every two-player game among ``envs`` (gymnasium envs, wrapped or not) draw
+        its opponents here; returns how many it found."""
+        found = 0
+        for env in envs:
+            game = env.unwrapped
+            if isinstance(game, TwoPlayerGame):
+                game.opponent_source = self.draw
+                found += 1
+        return found
