@@ -15,7 +15,9 @@ from tianji.rl.events import (
     BatchRequested,
     CheckpointTaken,
     ComputeActions,
+    DrawOpponents,
     EpisodesFinished,
+    GamesPlayed,
     GradientsShared,
     GrantConsumption,
     GrantProduction,
@@ -24,6 +26,7 @@ from tianji.rl.events import (
     PrioritiesUpdated,
     RestoreCheckpoint,
     SampleBatch,
+    SnapshotTaken,
     TakeCheckpoint,
     TrajectoryCollected,
 )
@@ -253,11 +256,29 @@ def _rl_samples() -> list[Event]:
             policy_version=10,
             weights={"w": RNG.standard_normal((8, 4)), "b": np.zeros(4, dtype=np.float32)},
         ),
+        SnapshotTaken(policy_version=20, weights={"w": np.ones((2, 2), np.float32)}),
+        GamesPlayed(
+            actor="actor-0",
+            policy_version=21,
+            opponents=("v20", "random"),
+            seats=np.array([0, 1], np.int8),
+            outcomes=np.array([1.0, -1.0], np.float32),
+        ),
+        PolicyEvaluated(
+            worker="eval-0",
+            policy_version=21,
+            returns=np.array([1.0, 0.0, -1.0]),
+            lengths=np.array([7, 21, 9], np.int64),
+            opponent="scripted",
+        ),
     ]
 
 
 def _rl_commands() -> list[Event]:
     return [
+        DrawOpponents(
+            probabilities={"v0": 0.25, "v20": 0.75}, ratings={"v0": 990.0, "v20": 1010.5}
+        ),
         PrioritiesUpdated(
             policy_version=17,
             indices=np.array([3, 9], np.int64),

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tianji.rl.config import EnvConfig, RunConfig, to_dict
-from tianji.rl.events import GamesPlayed, OpponentsChosen, ParamsPublished, SnapshotTaken
+from tianji.rl.events import DrawOpponents, GamesPlayed, ParamsPublished, SnapshotTaken
 from tianji.rl.league import LEARNER, SelfPlayConfig
 from tianji.rl.selfplay import RandomOpponent, fixed_opponent
 from tianji.runtime.errors import ConfigError
@@ -74,7 +74,7 @@ def test_the_opponent_pool_draws_by_the_leagues_probabilities_among_what_it_hold
     asyncio.run(pool.on_snapshot(snapshot(3)))  # sent again: not loaded again
     assert list(pool.held) == ["v2", "v3"] and Constant.loads == 3
     assert pool.draw().id == "v3"  # no probabilities yet: the newest
-    odds = OpponentsChosen(probabilities={"v1": 0.5, "v2": 0.25, "v3": 0.25}, ratings={})
+    odds = DrawOpponents(probabilities={"v1": 0.5, "v2": 0.25, "v3": 0.25}, ratings={})
     asyncio.run(pool.on_opponents(odds))
     draws = [pool.draw().id for _ in range(4000)]
     assert set(draws) == {"v2", "v3"}  # v1 is not held: renormalized over the others
@@ -94,7 +94,7 @@ def test_the_league_rates_games_publishes_the_draw_and_writes_league_jsonl(
     sent = capture(league)
     asyncio.run(league.on_snapshot(snapshot(0)))
     asyncio.run(league.on_snapshot(snapshot(0)))  # again (a new link): ignored
-    chosen = [ev for ev, _ in sent if isinstance(ev, OpponentsChosen)]
+    chosen = [ev for ev, _ in sent if isinstance(ev, DrawOpponents)]
     assert len(chosen) == 1 and chosen[0].probabilities == {"v0": 1.0}
     games = GamesPlayed(
         actor="actor-0", policy_version=3, opponents=("v0", "random", "v9"),

@@ -204,7 +204,8 @@ def uniform_actions(
     if isinstance(space, gym.spaces.Discrete):
         if legal is None:
             return rng.integers(space.start, space.start + space.n, size=n, dtype=np.int64)
-        return space.start + uniform_legal(legal, rng)
+        picked: np.ndarray = space.start + uniform_legal(legal, rng)
+        return picked
     if isinstance(space, gym.spaces.MultiDiscrete):
         start = np.asarray(space.start, np.int64)
         return start + rng.integers(0, space.nvec, size=(n, *space.shape), dtype=np.int64)

@@ -29,7 +29,7 @@ __all__ = [
     "TrajectoryCollected",
     "SnapshotTaken",
     "GamesPlayed",
-    "OpponentsChosen",
+    "DrawOpponents",
 ]
 
 
@@ -238,7 +238,7 @@ class GamesPlayed(Event):
 
 
 @event
-class OpponentsChosen(Event):
+class DrawOpponents(Event):
     """Command (self-play): draw each game's opponent with these probabilities (snapshot
     id -> probability, summing to 1), from the league's ratings; ``ratings`` are the
     snapshots' ratings, for the record."""

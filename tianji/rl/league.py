@@ -54,7 +54,7 @@ PFSP_RULES: Final = ("hard", "even", "uniform")
 
 def elo_expected(ra: float, rb: float) -> float:
     """The expected score of a player rated ``ra`` against one rated ``rb``."""
-    return 1.0 / (1.0 + 10.0 ** ((rb - ra) / 400.0))
+    return 1.0 / (1.0 + math.pow(10.0, (rb - ra) / 400.0))
 
 
 def elo_update(ra: float, rb: float, score: float, k: float) -> tuple[float, float]:
@@ -66,7 +66,7 @@ def elo_update(ra: float, rb: float, score: float, k: float) -> tuple[float, flo
 def pfsp_weight(p: float, rule: str, exponent: float = 2.0) -> float:
     """The PFSP weight of an opponent the learner beats with expected score ``p``."""
     if rule == "hard":
-        return (1.0 - p) ** exponent
+        return math.pow(1.0 - p, exponent)
     if rule == "even":
         return p * (1.0 - p)
     return 1.0

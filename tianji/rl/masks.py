@@ -119,9 +119,10 @@ class ActionMaskObservation(gym.ObservationWrapper[np.ndarray, Any, Any]):
                 "an env with Dict(observation, action_mask) observations and a Discrete "
                 f"action space to mask, got {obs_space!r} and {act_space!r}",
             )
+        assert isinstance(obs_space, spaces.Dict)  # (has_mask_keys)
         features, mask = obs_space["observation"], obs_space["action_mask"]
         n = int(act_space.n)
-        if not isinstance(features, spaces.Box) or int(np.prod(mask.shape)) != n:
+        if not isinstance(features, spaces.Box) or int(np.prod(mask.shape or ())) != n:
             raise ConfigError(
                 "env.id",
                 label,
@@ -142,4 +143,5 @@ def uniform_legal(legal: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     weights = np.where(legal.any(axis=1, keepdims=True), legal, True).astype(np.float64)
     cumulative = np.cumsum(weights, axis=1)
     draw = rng.random(len(legal))[:, None] * cumulative[:, -1:]
-    return (cumulative <= draw).sum(axis=1).astype(np.int64)
+    picked: np.ndarray = (cumulative <= draw).sum(axis=1).astype(np.int64)
+    return picked

@@ -26,7 +26,7 @@ from __future__ import annotations
 import importlib
 import warnings
 from collections.abc import Callable
-from typing import Any, ClassVar, Final, Protocol
+from typing import Any, Final, Protocol
 
 import gymnasium as gym
 import numpy as np
@@ -183,9 +183,8 @@ class TwoPlayerGame(gym.Env[np.ndarray, int]):
         ConfigError: naming the game if it is not such a two-player game.
     """
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
-
     def __init__(self, game: Any, *, name: str = "", seat: str = "alternate") -> None:
+        self.metadata = {"render_modes": []}
         self.game, self.name = game, name or type(game).__name__
         if seat not in SEATS:
             raise ValueError(f"seat {seat!r}: one of {', '.join(SEATS)}")
@@ -200,7 +199,7 @@ class TwoPlayerGame(gym.Env[np.ndarray, int]):
             raise ConfigError("env.id", self.name, f"{why}, got {obs_space!r}, {act_space!r}")
         self.n = int(act_space.n)
         self.observation_space = MaskedObs(obs_space["observation"], self.n)
-        self.action_space = spaces.Discrete(self.n)
+        self.action_space = spaces.Discrete(self.n)  # type: ignore[assignment]
         self.opponent: Opponent = RandomOpponent()
         self.opponent_source: Callable[[], Opponent] | None = None
         """Called at every reset for the next game's opponent (an actor's league draw);

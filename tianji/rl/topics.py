@@ -11,10 +11,10 @@ from tianji.rl.events import (
     BatchRequested,
     CheckpointTaken,
     ComputeActions,
+    DrawOpponents,
     EpisodesFinished,
     GamesPlayed,
     GradientsShared,
-    OpponentsChosen,
     ParamsPublished,
     PolicyEvaluated,
     PrioritiesUpdated,
@@ -78,7 +78,7 @@ SNAPSHOTS = topic(SnapshotTaken)
 """Self-play: league snapshots, from the parameter service to actors and the league."""
 GAMES = topic(GamesPlayed)
 """Self-play: the outcomes of actors' games, to the league."""
-OPPONENTS = topic(OpponentsChosen)
+OPPONENTS = topic(DrawOpponents)
 """Self-play: the opponent probabilities, from the league to actors."""
 
 

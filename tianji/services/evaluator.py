@@ -175,7 +175,8 @@ class EvalService(Service):
                 if version is None:
                     continue
                 last = time.monotonic()
-                for name in self.opponents or [None]:
+                names: list[str | None] = [*self.opponents] or [None]
+                for name in names:
                     seed = self.config.seed + SEED_BASE
                     opponent = fixed_opponent(name, seed) if name is not None else None
                     returns, lengths = await self._evaluate(opponent)

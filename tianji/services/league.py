@@ -12,7 +12,7 @@ controller``'s process, where the run directory is), holding one
   learner against the ``random`` anchor, fixed at the initial rating;
 * at most every :data:`PUBLISH_S` seconds when the ratings moved, and at once when the
   pool changed, it publishes the opponent probabilities
-  (:class:`~tianji.rl.events.OpponentsChosen`); a new subscriber gets the current ones.
+  (:class:`~tianji.rl.events.DrawOpponents`); a new subscriber gets the current ones.
 
 Every snapshot and every rating change is written to the run directory's
 ``league.jsonl`` (ratings at most once per :data:`PUBLISH_S`), so the curve of the newest
@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from tianji.rl.events import GamesPlayed, OpponentsChosen, SnapshotTaken
+from tianji.rl.events import DrawOpponents, GamesPlayed, SnapshotTaken
 from tianji.rl.league import LEARNER, League, SelfPlayConfig
 from tianji.rl.stats import LeagueStat
 from tianji.rl.topics import GAMES, OPPONENTS, SNAPSHOTS
@@ -124,9 +124,9 @@ class LeagueService(Service):
             self._moved = False
         return ratings
 
-    def _chosen(self) -> OpponentsChosen:
+    def _chosen(self) -> DrawOpponents:
         ratings = {sid: self.league.players[sid].rating for sid in self.league.pool}
-        return OpponentsChosen(probabilities=self.league.weights(), ratings=ratings)
+        return DrawOpponents(probabilities=self.league.weights(), ratings=ratings)
 
     async def on_subscribed(self, conn: Connection, topics: Sequence[str]) -> None:
         if OPPONENTS in topics and self.league.pool:

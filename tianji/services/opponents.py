@@ -4,7 +4,7 @@ opponent (``[env] api = "two_player"``, :mod:`tianji.rl.selfplay`).
 The parameter service publishes every league snapshot (:class:`SnapshotTaken`); the pool
 keeps the newest ``[selfplay] pool_size`` as policies of their own (the algorithm built
 once more per snapshot, its weights loaded once). The league service sends the opponent
-probabilities (:class:`OpponentsChosen`); at every game's start an env asks
+probabilities (:class:`DrawOpponents`); at every game's start an env asks
 :meth:`OpponentPool.draw` for its opponent: a held snapshot drawn by those probabilities
 (renormalized over the held ones), the newest held snapshot while the league has sent
 none, and the uniform random player before the first snapshot. The game's result names
@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from tianji.rl.events import OpponentsChosen, SnapshotTaken
+from tianji.rl.events import DrawOpponents, SnapshotTaken
 from tianji.rl.selfplay import Opponent, PolicyOpponent, RandomOpponent, TwoPlayerGame
 
 __all__ = ["OpponentPool", "snapshot_id"]
@@ -63,7 +63,7 @@ class OpponentPool:
         while len(self.held) > self.pool_size:
             del self.held[next(iter(self.held))]
 
-    async def on_opponents(self, ev: OpponentsChosen) -> None:
+    async def on_opponents(self, ev: DrawOpponents) -> None:
         self.probabilities = dict(ev.probabilities)
 
     def draw(self) -> Opponent:
