@@ -21,10 +21,10 @@ def test_a_short_self_play_run_rates_its_snapshots_and_evaluates(tmp_path: Path)
     summary_path = tmp_path / "summary.json"
     command = [
         sys.executable, "-m", "tianji.cli", "train", "examples/connect_four_selfplay.toml",
-        "--max-seconds", "20", "--no-dashboard", "--summary", str(summary_path),
+        "--max-seconds", "12", "--no-dashboard", "--summary", str(summary_path),
         "--run-dir", str(tmp_path / "runs"),
-        "--set", "selfplay.snapshot_every=3", "--set", "selfplay.eval_games=10",
-        "--set", "eval.every_seconds=3",
+        "--set", "selfplay.snapshot_every=2", "--set", "selfplay.eval_games=10",
+        "--set", "eval.every_seconds=2",
     ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
