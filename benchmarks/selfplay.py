@@ -134,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         for ev in summary["evaluations"]
         if ev.get("opponent")
     ]
+    curve = rating_curve(summary)
     report = {
         "seconds": args.seconds,
         "seed": args.seed,
@@ -141,12 +142,12 @@ def main(argv: list[str] | None = None) -> int:
             k: summary[k] for k in ("command", "wall_s", "env_steps", "learner_updates", "selfplay")
         },
         "final": final,
-        "rating": rating_curve(summary),
+        "rating": curve,
         "evaluations": evaluations,
         "goal": {
             "win_vs_random_ge_0.95": final["random"]["win"] >= 0.95,
             "win_vs_scripted_ge_0.70": final["scripted"]["win"] >= 0.70,
-            "rating_monotonic": rating_curve(summary)["monotonic"],
+            "rating_monotonic": curve["monotonic"],
         },
         "unix": time.time(),
     }

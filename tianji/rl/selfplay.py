@@ -201,6 +201,7 @@ class TwoPlayerGame(gym.Env[np.ndarray, int]):
         self.observation_space = MaskedObs(obs_space["observation"], self.n)
         self.action_space = spaces.Discrete(self.n)  # type: ignore[assignment]
         self.opponent: Opponent = RandomOpponent()
+        self.set_opponent(self.opponent)  # (the random player needs the move count)
         self.opponent_source: Callable[[], Opponent] | None = None
         """Called at every reset for the next game's opponent (an actor's league draw);
         ``None``: the one :meth:`set_opponent` set."""
@@ -220,8 +221,6 @@ class TwoPlayerGame(gym.Env[np.ndarray, int]):
         self.game.reset(seed=seed)
         if self.opponent_source is not None:
             self.set_opponent(self.opponent_source())
-        if isinstance(self.opponent, RandomOpponent):
-            self.opponent.n = self.n
         first = {"alternate": self.games % 2 == 0, "first": True, "second": False}
         self.seat = 0 if first[self.seat_rule] else 1
         self.games += 1
