@@ -11,6 +11,7 @@ keeps its own config, networks, ``act`` and ``update``; the services see only th
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from collections.abc import Mapping
 from typing import Any, ClassVar, NamedTuple
@@ -29,7 +30,9 @@ from tianji.algorithms._nets import (
 from torch import nn
 
 from tianji.rl.algorithm import GradientSync
+from tianji.rl.errors import ConfigError
 from tianji.rl.masks import mask_problem
+from tianji.rl.pbt import HyperRange
 
 __all__ = ["AlgorithmBase", "Spaces"]
 
@@ -74,6 +77,10 @@ class AlgorithmBase:
     illegal action. An algorithm that does not is refused masked observations."""
     adam_eps: ClassVar[float] = 1e-8
     """Adam's epsilon (torch's default; PPO and MAPPO use 1e-5)."""
+    perturbable: ClassVar[Mapping[str, HyperRange]] = {}
+    """The ``Config`` fields population-based training may change mid-run (name -> range
+    and perturbation scale, :class:`~tianji.rl.pbt.HyperRange`): only fields the learner's
+    ``update`` reads from ``self.config`` every time (see :meth:`set_hyperparameters`)."""
 
     config: Any
     device: torch.device
@@ -165,6 +172,35 @@ class AlgorithmBase:
             self.gradient_sync,
             self.config.max_grad_norm,
         )
+
+    def set_hyperparameters(self, values: Mapping[str, float]) -> None:
+        """Change perturbable hyperparameters from the next update on (a PBT explore step):
+        ``config`` is replaced (its checks run again) and a new ``lr`` goes into every
+        optimizer at once.
+
+        Raises:
+            ConfigError: for a name outside :attr:`perturbable` or a value its config refuses.
+        """
+        unknown = sorted(set(values) - set(self.perturbable))
+        if unknown:
+            declared = ", ".join(self.perturbable) or "none"
+            why = f"hyperparameters {type(self).__name__} declares perturbable ({declared})"
+            raise ConfigError("hyperparameters", unknown, why)
+        kinds = {f.name: f.type for f in dataclasses.fields(self.config)}
+        typed = {k: int(v) if kinds.get(k) in (int, "int") else float(v) for k, v in values.items()}
+        self.config = dataclasses.replace(self.config, **typed)
+        if "lr" in typed:
+            for optimizer in self._optimizers():
+                for group in optimizer.param_groups:
+                    group["lr"] = typed["lr"]
+
+    def _optimizers(self) -> list[torch.optim.Optimizer]:
+        """The optimizers built so far (Adam's, and any an algorithm keeps beside it)."""
+        found = [v for v in vars(self).values() if isinstance(v, torch.optim.Optimizer)]
+        for value in vars(self).values():
+            if isinstance(value, dict):
+                found += [v for v in value.values() if isinstance(v, torch.optim.Optimizer)]
+        return found
 
     def get_weights(self) -> dict[str, np.ndarray]:
         """The ``published`` module's weights (all an actor needs), contiguous numpy arrays."""

@@ -26,6 +26,7 @@ from torch import nn
 
 from tianji.rl.algorithm import BufferSpec
 from tianji.rl.errors import ConfigError
+from tianji.rl.pbt import HyperRange
 
 __all__ = ["ActionScale", "ContinuousBase", "ContinuousConfig", "TwinQ", "box_action_problem"]
 
@@ -129,6 +130,9 @@ class ContinuousBase(AlgorithmBase):
 
     config: ContinuousConfig
     scale: ActionScale
+    perturbable: ClassVar[Mapping[str, HyperRange]] = {"lr": HyperRange(1e-5, 1e-2)}
+    """What PBT may change: the learning rate of every optimizer (n-step returns are made
+    on the actors, so their discount is not the learner's to change)."""
     act_dim: int
     squashed_head: ClassVar[bool] = False
     """The module ``actor`` returns a pre-``tanh`` head (first of a tuple), not a unit action:

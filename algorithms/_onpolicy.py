@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -21,6 +22,7 @@ from tianji.algorithms._nets import as_hidden
 
 from tianji.rl.algorithm import BufferSpec
 from tianji.rl.errors import ConfigError
+from tianji.rl.pbt import HyperRange
 
 __all__ = [
     "OnPolicyAlgorithm",
@@ -101,6 +103,15 @@ class OnPolicyAlgorithm(AlgorithmBase):
     fragments, and ``fragments_per_batch`` of them make one learner batch."""
 
     config: OnPolicyConfig
+    perturbable: ClassVar[Mapping[str, HyperRange]] = {
+        "lr": HyperRange(1e-5, 1e-2),
+        "ent_coef": HyperRange(1e-5, 0.1),
+        "clip_coef": HyperRange(0.05, 0.5),
+        "vf_coef": HyperRange(0.05, 2.0),
+        "gamma": HyperRange(0.9, 0.9999, "complement_log"),
+        "gae_lambda": HyperRange(0.8, 0.995, "complement_log"),
+    }
+    """What PBT may change: every one is read by ``update`` (GAE runs on the learner)."""
 
     def buffer_spec(self) -> BufferSpec:
         """A FIFO of fragments; ``fragments_per_batch`` of them make one learner batch."""

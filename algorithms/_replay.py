@@ -27,6 +27,7 @@ from torch import nn
 from tianji.rl.algorithm import BufferSpec
 from tianji.rl.errors import ConfigError
 from tianji.rl.masks import uniform_legal
+from tianji.rl.pbt import HyperRange
 
 __all__ = [
     "OffPolicyConfig",
@@ -233,6 +234,10 @@ class QLearner(AlgorithmBase):
         self._init_targets()             # in _build, after the networks
         self._count_update()             # in update, after the optimizer step
     """
+
+    perturbable: ClassVar[Mapping[str, HyperRange]] = {"lr": HyperRange(1e-5, 1e-2)}
+    """What PBT may change: the learning rate (n-step returns are made on the actors, so
+    their discount is not the learner's to change)."""
 
     targets: ClassVar[tuple[tuple[str, str], ...]]
     config: ReplayConfig

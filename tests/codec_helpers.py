@@ -12,6 +12,7 @@ import pytest
 
 from tianji.rl.events import (
     ActionsComputed,
+    AdoptState,
     BatchRequested,
     CheckpointTaken,
     ComputeActions,
@@ -288,6 +289,12 @@ def _rl_commands() -> list[Event]:
         CheckpointTaken(policy_version=40, state=np.frombuffer(b"packed state", np.uint8)),
         RestoreCheckpoint(policy_version=40, state=np.frombuffer(b"packed", np.uint8)),
         TakeCheckpoint(reason="complete"),
+        AdoptState(
+            source="m1",
+            source_version=12,
+            state=np.frombuffer(b"packed", np.uint8),
+            hyperparameters={"lr": 3e-4},
+        ),
         GrantProduction(limit=0, min_version=0, reason="draining before the run stops"),
         GrantConsumption(limit=4096, reason="consumed 3968 in [3000, 4096]"),
         GrantProduction(limit=12, min_version=5, reason="3/4 fragments outstanding"),

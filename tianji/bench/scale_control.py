@@ -51,14 +51,66 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cartpole_dqn.toml"
 ROLES = ("actor", "buffer", "learner", "params", "monitor")
 
 
-def roles_of(services: int) -> list[tuple[str, str]]:
+def roles_of(services: int, population: int = 1) -> list[tuple[str, str]]:
     """``(name, role)`` of a run of ``services``: params, buffer, learner, monitor and
-    ``services - 4`` actors."""
-    if services < 5:
-        raise ValueError(f"services={services}: at least 5 (4 fixed services and an actor)")
+    ``services - 4`` actors; with a ``population`` of N, each member ``m<k>`` has its own
+    four (under full names, ``m1.learner-0``) and ``services - 4 N`` actors go round-robin
+    to the members (as ``[population]`` splits them)."""
     fixed = [("params-0", "params"), ("buffer-0", "buffer"), ("learner-0", "learner")]
     fixed.append(("monitor", "monitor"))
-    return fixed + [(f"actor-{i}", "actor") for i in range(services - 4)]
+    actors = services - len(fixed) * population
+    if actors < population:
+        raise ValueError(f"services={services}: at least {5 * population} for {population}")
+    if population == 1:
+        return fixed + [(f"actor-{i}", "actor") for i in range(actors)]
+    names = [(f"m{k}.{n}", r) for k in range(population) for n, r in fixed]
+    return names + [(f"m{i % population}.actor-{i // population}", "actor") for i in range(actors)]
+
+
+class Timed:
+    """A balance plug-in (one :class:`~tianji.services.balancer.Balancer` or a population's)
+    timing each heartbeat to the end of the decision that first saw it."""
+
+    def __init__(self, inner: Any, balancers: list[Any]) -> None:
+        self.inner = inner
+        self.balancers = balancers
+        self.roles = inner.roles
+        self.pending: list[float] = []
+        self.latencies: list[float] = []
+
+    @property
+    def decisions(self) -> int:
+        return sum(b.decisions for b in self.balancers)
+
+    @property
+    def commands(self) -> dict[str, int]:
+        total: dict[str, int] = {}
+        for b in self.balancers:
+            for key, n in b.commands.items():
+                total[key] = total.get(key, 0) + n
+        return total
+
+    def attach(self, send: Any) -> None:
+        self.inner.attach(send)
+
+    async def update(self, heartbeats: Any, live: Any) -> None:
+        seen, self.pending = self.pending, []
+        await self.inner.update(heartbeats, live)
+        done = time.time()
+        self.latencies.extend(done - t for t in seen)
+
+    def gauges(self) -> dict[str, float]:
+        gauges: dict[str, float] = self.inner.gauges()
+        return gauges
+
+    def forget(self, name: str) -> None:
+        self.inner.forget(name)
+
+    def retired(self, hb: Any) -> Any:
+        return self.inner.retired(hb)
+
+    def rejoined(self, retired: str, heartbeats: Any) -> None:
+        self.inner.rejoined(retired, heartbeats)
 
 
 def _raise_fd_limit() -> int:
@@ -82,34 +134,27 @@ def _cpu_s() -> float:
 
 
 # ------------------------------------------------------------------------- the controller
-def _timed_controller(services: int) -> tuple[Any, Any]:
+def _timed_controller(services: int, population: int = 1) -> tuple[Any, Timed]:
     """The run's controller and balancer for ``services`` (``examples/cartpole_dqn.toml``
-    with ``services - 4`` actors), the balancer timing each heartbeat to the end of the
-    decision that first saw it."""
+    with ``services - 4`` actors; with a ``population``, a balancer per member with its
+    share of them), the balancer timing each heartbeat to the end of the decision that
+    first saw it."""
     from tianji.run.config import load_config
     from tianji.run.plan import RunPlan
     from tianji.runtime.controller import Controller
     from tianji.runtime.events import Heartbeat
     from tianji.services.balancer import Balancer
+    from tianji.services.population import PopulationBalancer
 
-    config = load_config(str(EXAMPLE), [f"actors.count={services - 4}"])
-    plan = RunPlan.build(config)
-
-    class TimedBalancer(Balancer):
-        """The run's balancer, timing each heartbeat to the end of the decision that
-        first saw it."""
-
-        pending: list[float] = []  # noqa: RUF012 (replaced per instance below)
-        latencies: list[float] = []  # noqa: RUF012
-
-        async def update(self, heartbeats: Any, live: Any) -> None:
-            seen, self.pending = self.pending, []
-            await super().update(heartbeats, live)
-            done = time.time()
-            self.latencies.extend(done - t for t in seen)
-
-    balancer = TimedBalancer(plan.balance)
-    balancer.pending, balancer.latencies = [], []
+    names = roles_of(services, population)
+    members = sorted({n.split(".", 1)[0] for n, _ in names if "." in n}) or [""]
+    balancers = {}
+    for m in members:
+        actors = sum(1 for n, r in names if r == "actor" and n.startswith(m))
+        plan = RunPlan.build(load_config(str(EXAMPLE), [f"actors.count={actors}"]))
+        balancers[m] = Balancer(plan.balance)
+    inner = PopulationBalancer(balancers) if population > 1 else balancers[""]
+    balancer = Timed(inner, list(balancers.values()))
 
     class TimedController(Controller):
         heartbeats_received = 0
@@ -134,27 +179,42 @@ class _Watch:  # what the progress snapshot reads of the monitor (nothing moves 
 
 
 async def _controller_main(job: dict[str, Any]) -> dict[str, Any]:
+    from tianji.run.members import MemberController
     from tianji.run.progress import RunFacts, take_snapshot
+    from tianji.runtime.scope import local_view
 
-    services = int(job["services"])
-    ctl, balancer = _timed_controller(services)
+    services, population = int(job["services"]), int(job.get("population", 1))
+    ctl, balancer = _timed_controller(services, population)
     task = asyncio.create_task(ctl.run())
     await ctl.wait_ready()
     print(json.dumps({"address": ctl.address}), flush=True)
-    facts = RunFacts(services=tuple(n for n, _ in roles_of(services)))
+    names = dict(roles_of(services, population))
+    if population == 1:
+        views = {"": (ctl, RunFacts(services=tuple(names)))}
+    else:  # as a population run: one snapshot per member, on its view of the controller
+        views = {
+            scope: (
+                MemberController(ctl, scope, [b]),
+                RunFacts(services=tuple(local_view(names, scope))),
+            )
+            for scope, b in balancer.inner.members.items()
+        }
 
     async def progress() -> None:
-        last = None
+        last: dict[str, Any] = {}
         started = time.monotonic()
         while True:
             await asyncio.sleep(PROGRESS_EVERY)
-            last = take_snapshot(ctl, _Watch(), time.monotonic() - started, facts, last)
+            for scope, (view, facts) in views.items():
+                elapsed = time.monotonic() - started
+                last[scope] = take_snapshot(view, _Watch(), elapsed, facts, last.get(scope))
 
     progress_task = asyncio.create_task(progress())
     try:
         await ctl.wait_until(lambda c: len(c.registry) >= services, JOIN_TIMEOUT)
         await asyncio.sleep(float(job["warmup"]))
-        return {"services": services, **await _window(ctl, balancer, float(job["seconds"]))}
+        window = await _window(ctl, balancer, float(job["seconds"]))
+        return {"services": services, "population": population, **window}
     finally:
         progress_task.cancel()
         ctl.stop("bench over")
@@ -213,14 +273,20 @@ def _worker(kind: str) -> int:
 
 
 # ------------------------------------------------------------------------- the driver
-def measure_control(services: int, seconds: float, warmup: float) -> dict[str, Any]:
-    """One control row: a controller process, ``SIM_PROCESSES`` simulator processes.
+def measure_control(
+    services: int, seconds: float, warmup: float, population: int = 1
+) -> dict[str, Any]:
+    """One control row: a controller process, ``SIM_PROCESSES`` simulator processes; with
+    a ``population`` of N, the services are N members' (:func:`roles_of`) and the
+    controller balances them as a population run does.
 
     Raises:
         RuntimeError: when a process fails or the join does not finish (with its stderr).
     """
     cmd = [sys.executable, "-m", "tianji.bench.scale_control"]
-    job: dict[str, Any] = {"services": services, "seconds": seconds, "warmup": warmup}
+    job: dict[str, Any] = {
+        "services": services, "seconds": seconds, "warmup": warmup, "population": population,
+    }  # fmt: skip
     ctl = start_json_child([*cmd, "--controller"], job)
     sims: list[subprocess.Popen[str]] = []
     try:
@@ -232,7 +298,7 @@ def measure_control(services: int, seconds: float, warmup: float) -> dict[str, A
         address = json.loads(line)["address"]
         # the buffer's and learner's counters stand for the whole run: scale them by the
         # number of simulator processes (each sees its own actors' inserts)
-        parts = _split(roles_of(services), SIM_PROCESSES)
+        parts = _split(roles_of(services, population), SIM_PROCESSES)
         for k, part in enumerate(parts):
             phases = [((i * SIM_PROCESSES + k) / max(1, services)) % 1.0 for i in range(len(part))]
             job = {  # (a new job per simulator)

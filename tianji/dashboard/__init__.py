@@ -118,9 +118,12 @@ class PlannedRun(Protocol):
     """What :func:`launch_plan` reads of a :class:`~tianji.run.plan.RunPlan`."""
 
     config: RunConfig
-    on_policy: bool
     out: TextIO
     dashboard: str | None
+
+    @property
+    def on_policy(self) -> bool:
+        """Whether the run's algorithm is on-policy (what the lag chart shows)."""
 
     @property
     def specs(self) -> Sequence[Any]:

@@ -255,7 +255,8 @@ class Launcher:
             await _ready_or_failed(self.controller, ctl_task)
             if self.local_services is not None:
                 for svc in self.local_services(self.controller.address):
-                    local.append(ServiceTask(ServiceSpec(name=svc.name, factory="local:-"), svc))
+                    spec = ServiceSpec(name=svc.full_name, factory="local:-")
+                    local.append(ServiceTask(spec, svc))
             for spec in self.specs:
                 spec = dataclasses.replace(spec, controller=self.controller.address)
                 self.children[spec.name] = await self._spawn(spec)

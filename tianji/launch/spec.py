@@ -8,6 +8,7 @@ from typing import Any
 
 from tianji.runtime.errors import ConfigError
 from tianji.runtime.plugins import load_factory
+from tianji.runtime.scope import split_name
 from tianji.runtime.service import Service
 
 __all__ = ["ServiceSpec", "build_service", "load_factory"]
@@ -78,9 +79,12 @@ def build_service(spec: ServiceSpec) -> Service:
         placement["advertise"] = spec.advertise
     if spec.local_bind:
         placement["local_bind"] = spec.local_bind
+    # a scoped service's factory gets its local name (services compute their peers' names
+    # and check their own from it); the Service base class registers the full name
+    scope = spec.options.get("scope", "")
     try:
         service = factory(
-            spec.name,
+            split_name(spec.name, scope) if isinstance(scope, str) else spec.name,
             bind=spec.bind,
             controller=spec.controller or None,
             **placement,

@@ -38,12 +38,13 @@ from typing import Any, Protocol, runtime_checkable
 import msgpack
 import numpy as np
 
-from tianji.runtime.errors import TianjiError
+from tianji.runtime.errors import ConfigError, TianjiError
 
 __all__ = [
     "Checkpoint",
     "CheckpointError",
     "SupportsCheckpoint",
+    "adopt_algorithm",
     "algorithm_state",
     "check_identity",
     "checkpoint_files",
@@ -120,6 +121,31 @@ def restore_algorithm(algo: Any, state: Mapping[str, Any], version: int) -> None
         algo.set_weights(state["weights"], version)
     if rng is not None:
         set_rng_state(algo, rng)
+
+
+def adopt_algorithm(
+    algo: Any, state: Mapping[str, Any], version: int, hyperparameters: Mapping[str, float]
+) -> None:
+    """A PBT exploit: load another member's ``state`` (from :func:`algorithm_state`: its
+    weights, optimizer state, normalizers) into ``algo`` as ``version`` (the adopting
+    learner's own count goes on), then set ``hyperparameters``
+    (``algo.set_hyperparameters``). The random generators are not copied: the adopter
+    keeps drawing its own numbers, or two members would explore alike.
+
+    Raises:
+        ConfigError: hyperparameters given to an algorithm that cannot set them, or ones
+            it refuses.
+    """
+    own = {k: v for k, v in state.items() if k != RNG_KEY}
+    restore_algorithm(algo, own, version)
+    algo.version = version
+    if not hyperparameters:
+        return
+    setter = getattr(algo, "set_hyperparameters", None)
+    if setter is None:
+        why = "an algorithm with set_hyperparameters() (tianji.algorithms._base)"
+        raise ConfigError("hyperparameters", dict(hyperparameters), why)
+    setter(hyperparameters)
 
 
 def rng_state(algo: Any) -> dict[str, Any]:

@@ -41,6 +41,7 @@ from tianji.rl.config_ops import (
     positive,
 )
 from tianji.rl.league import SelfPlayConfig
+from tianji.rl.pbt import PopulationConfig
 from tianji.runtime.errors import ConfigError
 
 __all__ = [
@@ -407,6 +408,7 @@ class RunConfig:
     checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
     recovery: RecoveryConfig = dataclasses.field(default_factory=RecoveryConfig)
     selfplay: SelfPlayConfig = dataclasses.field(default_factory=SelfPlayConfig)
+    population: PopulationConfig = dataclasses.field(default_factory=PopulationConfig)
     algo: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Fields of the algorithm's own ``Config`` (checked against it)."""
 
@@ -427,6 +429,7 @@ class RunConfig:
         if self.selfplay != SelfPlayConfig() and self.env.api != "two_player":
             why = 'set only for self-play: [env] api = "two_player"'
             raise ConfigError("selfplay", to_dict(self.selfplay), why)
+        self._check_population()
         if self.stop.on == "eval" and not self.eval.workers:
             raise ConfigError("stop.on", self.stop.on, '"train" when eval.workers is 0')
         if self.actors.inference == "service" and self.inference.count > self.actors.count:
@@ -439,6 +442,16 @@ class RunConfig:
         if recovery.learner == "resume" and not self.checkpoint.enabled:
             why = "'stop' when checkpoints are off (nothing to resume from)"
             raise ConfigError("recovery.learner", recovery.learner, why)
+
+    def _check_population(self) -> None:
+        size = self.population.size
+        if size > self.actors.count:
+            why = f"at most actors.count={self.actors.count} (every member needs an actor)"
+            raise ConfigError("population.size", size, why)
+        if size > 1 and self.env.api == "two_player":
+            raise ConfigError("population.size", size, "1 with self-play (one learning policy)")
+        if self.population.objective == "eval" and not self.eval.workers:
+            raise ConfigError("population.objective", "eval", '"train" when eval.workers is 0')
 
 
 def build_dataclass(cls: type[Any], data: Mapping[str, Any], prefix: str) -> Any:

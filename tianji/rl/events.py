@@ -16,6 +16,7 @@ __all__ = [
     "BatchRequested",
     "TakeCheckpoint",
     "RestoreCheckpoint",
+    "AdoptState",
     "CheckpointTaken",
     "GrantConsumption",
     "EpisodesFinished",
@@ -100,6 +101,19 @@ class RestoreCheckpoint(Event):
 
     policy_version: int
     state: np.ndarray
+
+
+@event
+class AdoptState(Event):
+    """Command a learner of a population member (a PBT exploit, :mod:`tianji.rl.pbt`): load
+    ``source``'s packed state (weights, optimizer, normalizers; taken at its
+    ``source_version``), set the perturbable ``hyperparameters``, and publish the result as
+    its own next version (its version count goes on: its actors' books stay whole)."""
+
+    source: str
+    source_version: int
+    state: np.ndarray
+    hyperparameters: dict[str, float]
 
 
 @event

@@ -29,13 +29,17 @@ import numpy as np
 from tianji.runtime.errors import ConfigError
 
 __all__ = [
+    "OBJECTIVES",
     "SCALES",
     "Exploit",
     "HyperRange",
     "MemberState",
     "PBTRules",
+    "PopulationConfig",
     "check_hyperparameters",
     "explore",
+    "initial_hyperparameters",
+    "member_name",
     "plan",
 ]
 
@@ -235,3 +239,107 @@ def plan(
             )
         )
     return exploits
+
+
+OBJECTIVES: Final = ("train", "eval")
+"""What members are ranked by: the mean training return (``[stop] window`` episodes) or
+the newest evaluation's mean return (needs ``[eval] workers``)."""
+
+
+def member_name(index: int) -> str:
+    """The scope of population member ``index`` (``m0``, ``m1``, ...)."""
+    return f"m{index}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class PopulationConfig:
+    """``[population]``: several policies in one run, each with its own learners, buffers,
+    parameter service and share of the actors, and population-based training among them
+    (``docs/populations.md``)."""
+
+    size: int = 1
+    """Members (policies) trained side by side; 1: a single-policy run."""
+    pbt: bool = True
+    """Population-based training: every ``interval`` env steps of its own, a member in the
+    bottom ``fraction`` copies a top member's weights and optimizer state and explores its
+    hyperparameters. False: the members only train side by side (independent runs under
+    one controller, e.g. the baseline PBT is measured against)."""
+    objective: str = "train"
+    """What members are ranked by: "train" (the mean training return of the last
+    ``[stop] window`` episodes) or "eval" (the newest evaluation's mean return)."""
+    interval: int = 50_000
+    """A member is ready to exploit every this many of its own env steps."""
+    fraction: float = 0.25
+    """The bottom (and top) share of the ranked members: the bottom copies the top."""
+    factors: tuple[float, ...] = (0.8, 1.25)
+    """A copied hyperparameter is multiplied by one of these (on its declared scale) ..."""
+    resample_prob: float = 0.25
+    """... or, with this probability, drawn anew from its declared range."""
+    hyperparameters: tuple[str, ...] = ()
+    """The hyperparameters explored (empty: every one the algorithm declares perturbable,
+    ``Algorithm.perturbable``)."""
+    init: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Each member's starting hyperparameters: ``name = [v0, v1, ...]`` (one value per
+    member) or ``name = {low = a, high = b}`` (drawn per member on the declared scale from
+    the seed). Unnamed ones start at ``[algo]``'s value. Names must be perturbable."""
+
+    def __post_init__(self) -> None:
+        if type(self.size) is not int or self.size < 1:
+            raise ConfigError("population.size", self.size, "an integer >= 1")
+        if self.objective not in OBJECTIVES:
+            raise ConfigError("population.objective", self.objective, " | ".join(OBJECTIVES))
+        self.rules()  # the PBT fields, checked now
+        for name, values in self.init.items():
+            if isinstance(values, list):
+                if len(values) != self.size or not all(type(v) in (int, float) for v in values):
+                    why = f"a list of {self.size} numbers (one per member)"
+                    raise ConfigError(f"population.init.{name}", values, why)
+            elif not (isinstance(values, dict) and set(values) == {"low", "high"}):
+                why = "a list of numbers, one per member, or {low = a, high = b}"
+                raise ConfigError(f"population.init.{name}", values, why)
+
+    def rules(self) -> PBTRules:
+        """The exploit/explore rules these settings give."""
+        return PBTRules(
+            interval=self.interval,
+            fraction=self.fraction,
+            factors=tuple(self.factors),
+            resample_prob=self.resample_prob,
+            hyperparameters=tuple(self.hyperparameters),
+        )
+
+
+def initial_hyperparameters(
+    population: PopulationConfig,
+    declared: Mapping[str, HyperRange],
+    algorithm: str,
+    seed: int,
+) -> list[dict[str, float]]:
+    """Each member's starting values of the hyperparameters ``population.init`` names.
+
+    Raises:
+        ConfigError: a name the algorithm does not declare perturbable, or a range outside
+            the declared one.
+    """
+    names = list(population.init)
+    if names:
+        check_hyperparameters(names, declared, algorithm)
+    rng = np.random.default_rng([seed, 7057])
+    members: list[dict[str, float]] = [{} for _ in range(population.size)]
+    for name in names:
+        values = population.init[name]
+        spec = declared[name]
+        if isinstance(values, dict):
+            try:
+                spec = HyperRange(
+                    float(values["low"]), float(values["high"]), spec.scale, spec.integer
+                )
+            except ValueError as exc:
+                raise ConfigError(f"population.init.{name}", values, str(exc)) from None
+            values = [spec.sample(rng) for _ in range(population.size)]
+        for m, value in enumerate(values):
+            if not declared[name].low <= value <= declared[name].high:
+                where = f"in {name}'s declared range [{declared[name].low}, {declared[name].high}]"
+                raise ConfigError(f"population.init.{name}", value, where)
+            members[m][name] = float(value)
+    return members

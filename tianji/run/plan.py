@@ -139,6 +139,8 @@ class RunPlan:
     recorder: RunRecorder | None = None
     resume: tuple[RunDirectory, Checkpoint] | None = None
     replay_resume: dict[str, Checkpoint] = dataclasses.field(default_factory=dict)
+    scope: str = ""
+    """A population member's scope (``m0``, ...; :mod:`tianji.run.population`), "" else."""
     _last: Snapshot | None = None
     _joined_at: float | None = None  # monotonic time every service was first registered
     _all_up_at: float | None = None  # the same, in seconds on the monitor's clock
@@ -234,6 +236,7 @@ class RunPlan:
                 bind=bind,
                 controller=controller_address,
                 advertise=advertise or None,
+                scope=self.scope,
             )
             if config.env.api != "two_player":
                 return [self.monitor]

@@ -16,6 +16,7 @@ from tianji.launch.base import Launcher
 from tianji.launch.local import LocalLauncher
 from tianji.rl.config import RunConfig
 from tianji.run.plan import RunPlan, bind_addresses
+from tianji.run.population import PopulationPlan
 from tianji.runtime.errors import ConfigError, ServiceFailed
 
 __all__ = ["run_token", "train"]
@@ -55,7 +56,11 @@ def train(
         ServiceFailed: if a service process fails (after the summary, with the failure
             as its ``stop_reason``, and the last metrics row were written).
     """
-    plan = RunPlan.build(config, out, metrics_path, resume)
+    plan: RunPlan | PopulationPlan
+    if config.population.size > 1:
+        plan = PopulationPlan.build(config, out, metrics_path, resume)
+    else:
+        plan = RunPlan.build(config, out, metrics_path, resume)
     plan.dashboard = dashboard
     launcher = _launcher(backend, plan)
     with plan.recording():
@@ -72,7 +77,7 @@ def train(
 
 
 def _finish_failed(
-    plan: RunPlan,
+    plan: RunPlan | PopulationPlan,
     launcher: Launcher,
     failure: ServiceFailed,
     wall: float,
@@ -91,7 +96,7 @@ def _finish_failed(
         log.debug("the failed run's record is written: %s", exc)
 
 
-def _launcher(backend: str, plan: RunPlan) -> Launcher:
+def _launcher(backend: str, plan: RunPlan | PopulationPlan) -> Launcher:
     """The launcher of ``backend`` for a planned run (checked before anything starts).
 
     Raises:

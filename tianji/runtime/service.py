@@ -59,6 +59,7 @@ from tianji.runtime.heartbeats import ControllerLink, ServiceStat, memory_gauges
 from tianji.runtime.links import E, Handler, Subscriptions
 from tianji.runtime.loop import first_done
 from tianji.runtime.publishing import Publishing
+from tianji.runtime.scope import check_scope, full_name, scoped_topic, split_name, unscoped_topic
 from tianji.runtime.serving import Peers
 from tianji.runtime.sharing import BoardSharing, locality
 from tianji.runtime.wiring import CONTROL, Decode, Encode, Messages, ServiceOptions
@@ -85,6 +86,10 @@ class Service:
             place of the bind host, e.g. the host's IP when binding ``0.0.0.0``).
         local_bind: a second listener for peers on the same host (e.g. ``"shm://"``); the
             controller hands its address to subscribers on this host, ``bind`` to others.
+        scope: the group of services this one belongs to (a population member, ``m1``;
+            :mod:`tianji.runtime.scope`): it is registered as ``<scope>.<name>``
+            (:attr:`full_name`), keeps the local name as :attr:`name`, and every topic it
+            names is that scope's. ``name`` may be given either way.
     """
 
     role: ClassVar[str] = "service"
@@ -99,13 +104,17 @@ class Service:
         publishes: Sequence[str | type[Event]] = (),
         advertise: str | None = None,
         local_bind: str | None = None,
+        scope: str = "",
     ) -> None:
         plugins.split_address(bind)  # ConfigError naming a malformed address, now
         if local_bind is not None:
             plugins.split_address(local_bind)
         if controller is not None:
             plugins.split_address(controller)
-        self.name = name
+        self.scope = check_scope(scope)
+        self.name = split_name(name, scope)
+        self.full_name = full_name(scope, self.name)
+        """The name the run knows this service by (registry, heartbeats, commands)."""
         self.bind = bind
         self.advertise = advertise
         self.local_bind = local_bind
@@ -124,7 +133,7 @@ class Service:
         wire = Messages(Codec(max_frame_bytes=limits.max_frame_bytes, max_frames=limits.max_frames))
         self._frames: Encode = wire.encode  # (event, topic) -> message
         self._decode: Decode = wire.decode  # (message, peer) -> (topic, event)
-        self._publishes: set[str] = {_topic_name(t) for t in publishes}
+        self._publishes: set[str] = {self._topic(t) for t in publishes}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._tg: asyncio.TaskGroup | None = None
         self._ready = asyncio.Event()
@@ -136,12 +145,12 @@ class Service:
     def _compose(self) -> None:
         """Build the parts the service owns, each with the callables it needs."""
         self._peers = Peers(
-            self.name,
+            self.full_name,
             self.counters,
             spawn=self._spawn,
             decode=self._decode,
             notify=self._notify,
-            on_subscribed=self.on_subscribed,
+            on_subscribed=self._subscribed,
             on_request=self.on_request,
             on_peer_closed=self.on_peer_closed,
             locality=lambda: self.locality,
@@ -157,7 +166,7 @@ class Service:
             declare=self._declare,
         )
         self._subscriptions = Subscriptions(
-            self.name,
+            self.full_name,
             self.options,
             self.counters,
             spawn=self._spawn,
@@ -170,7 +179,7 @@ class Service:
             locality=lambda: self.locality,
         )
         self._controller = ControllerLink(
-            self.name,
+            self.full_name,
             self.controller_address,
             self.options,
             self.counters,
@@ -186,6 +195,16 @@ class Service:
             fail=self.fail,
             stopping=self._stopping.is_set,
         )
+
+    def _topic(self, t: str | type[Event]) -> str:
+        """The wire name of a topic this service names (its scope's)."""
+        return scoped_topic(self.scope, _topic_name(t))
+
+    async def _subscribed(self, conn: Connection, topics: Sequence[str]) -> None:
+        """:meth:`on_subscribed` with the topics as this service names them."""
+        if self.scope:
+            topics = [unscoped_topic(self.scope, t) for t in topics]
+        await self.on_subscribed(conn, topics)
 
     # ------------------------------------------------------------------ public API
     @property
@@ -209,7 +228,7 @@ class Service:
         end of what it sends. ``on_demand`` (implies ``latest_only``): the publishers send
         the first event, then one more per :meth:`want` (:mod:`tianji.runtime.demand`).
         """
-        name = _topic_name(topic_or_type)
+        name = self._topic(topic_or_type)
         first = self._subscriptions.add_handler(name, handler, latest_only, on_demand)
         conn = self._controller.registered_conn()
         if first and conn is not None:
@@ -217,11 +236,11 @@ class Service:
 
     def want(self, topic_or_type: str | type[Event]) -> None:
         """Ask the publishers of a topic subscribed ``on_demand`` for their newest event."""
-        self._subscriptions.want(_topic_name(topic_or_type))
+        self._subscriptions.want(self._topic(topic_or_type))
 
     def add_publisher(self, topic_or_type: str | type[Event], address: str) -> None:
         """Subscribe to ``topic`` at a known publisher address (manual wiring)."""
-        self._subscriptions.link_to(address, {_topic_name(topic_or_type)})
+        self._subscriptions.link_to(address, {self._topic(topic_or_type)})
 
     async def publish(self, ev: Event, topic_name: str | None = None) -> int:
         """Send ``ev`` to every subscriber of its topic, waiting while any is full.
@@ -234,20 +253,24 @@ class Service:
             How many subscribers it was sent to now (0 with none is counted as
             unsubscribed; one that takes the topic on demand may get it later).
         """
+        if self.scope:
+            topic_name = self._topic(topic_name or type(ev))
         return await self._publishing.publish(ev, topic_name)
 
     def publish_nowait(self, ev: Event, topic_name: str | None = None) -> int:
         """Like :meth:`publish` but raises :class:`~tianji.runtime.errors.WouldBlock` if any
         subscriber is full; subscribers before it in the list may already have it."""
+        if self.scope:
+            topic_name = self._topic(topic_name or type(ev))
         return self._publishing.publish_nowait(ev, topic_name)
 
     def subscriber_count(self, topic_or_type: str | type[Event]) -> int:
         """Subscribers connected for the topic now (an event published now reaches them)."""
-        return len(self._subscribers.get(_topic_name(topic_or_type), ()))
+        return len(self._subscribers.get(self._topic(topic_or_type), ()))
 
     async def wait_subscribers(self, topic_or_type: str | type[Event], count: int = 1) -> None:
         """Wait until at least ``count`` subscribers are connected for the topic."""
-        name = _topic_name(topic_or_type)
+        name = self._topic(topic_or_type)
         self._declare(name)
         while len(self._subscribers.get(name, ())) < count:
             await self._wait_changed()
@@ -268,7 +291,7 @@ class Service:
     def share_on_board(self, topic_name: str) -> None:
         """Send large events of ``topic_name`` to subscribers on this host through a shared
         memory board, when it has one (one write for all: :mod:`tianji.runtime.sharing`)."""
-        self._board.share(topic_name)
+        self._board.share(self._topic(topic_name))
 
     def lease_of(self, ev: Event) -> Lease | None:
         """The board lease of an event this service received through a board (one of the
@@ -295,7 +318,7 @@ class Service:
         """Stop the service and make :meth:`run` raise :class:`ServiceFailed`."""
         if self._failure is None:
             self._failure = reason
-            log.error("%s failed: %s", self.name, reason)
+            log.error("%s failed: %s", self.full_name, reason)
         self.stop(f"failed: {reason}")
 
     # ------------------------------------------------------------------ hooks
@@ -320,7 +343,7 @@ class Service:
     async def send_to_subscriber(self, conn: Connection, ev: Event, topic_name: str) -> None:
         """Send one event to one subscriber connection (see :meth:`on_subscribed`); one
         that takes the topic on demand gets it when it wants one."""
-        await self._publishing.send_one(conn, ev, topic_name)
+        await self._publishing.send_one(conn, ev, self._topic(topic_name))
 
     async def on_control(self, ev: Event) -> None:
         """Handle a command from the controller other than the runtime's own."""
@@ -340,7 +363,7 @@ class Service:
         gauges = {**self.gauges, **memory_gauges()}
         self._subscriptions.handoff.report(counters, gauges)
         return Heartbeat(
-            name=self.name,
+            name=self.full_name,
             role=self.role,
             state=self._state.value,
             counters=counters,
@@ -371,7 +394,7 @@ class Service:
         finally:
             await self._release()
         if self._failure is not None:
-            raise ServiceFailed(self.name, self._failure)
+            raise ServiceFailed(self.full_name, self._failure)
 
     async def _run_phases(self) -> None:
         self._peers.accept_all()
@@ -407,7 +430,7 @@ class Service:
         self._subscriptions.abort()
         self._board.close()
         self._set_state(ServiceState.STOPPED)
-        log.info("%s stopped: %s", self.name, self.stop_reason or "cancelled")
+        log.info("%s stopped: %s", self.full_name, self.stop_reason or "cancelled")
 
     def _set_state(self, state: ServiceState) -> None:
         self._state = state
@@ -429,7 +452,7 @@ class Service:
 
     def _registration(self) -> RegisterService:
         return RegisterService(
-            name=self.name,
+            name=self.full_name,
             role=self.role,
             address=self.address,
             publishes=tuple(sorted(self._publishes)),

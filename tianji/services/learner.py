@@ -29,20 +29,12 @@ import numpy as np
 
 from tianji.rl.algorithm import SupportsGradientSync
 from tianji.rl.books import Inbox
-from tianji.rl.checkpoint import (
-    SupportsCheckpoint,
-    algorithm_state,
-    pack_state,
-    restore_algorithm,
-    unpack_state,
-)
 from tianji.rl.events import (
+    AdoptState,
     BatchRequested,
-    CheckpointTaken,
     GrantConsumption,
     ParamsPublished,
     PrioritiesUpdated,
-    RestoreCheckpoint,
     SampleBatch,
     TakeCheckpoint,
 )
@@ -62,11 +54,11 @@ from tianji.rl.topics import (
     shards_of_learner,
 )
 from tianji.runtime.core import Connection
-from tianji.runtime.errors import ConfigError, SyncFailed, TianjiError
+from tianji.runtime.errors import ConfigError, SyncFailed
 from tianji.runtime.events import Event
-from tianji.runtime.service import Service
 from tianji.services.allreduce import AllReduce, weights_digest
 from tianji.services.common import apply_run_options, check_lr, make_algorithm, parse_run_config
+from tianji.services.learner_state import LearnerState
 from tianji.services.numbered import take_numbered
 from tianji.services.update_runner import UpdateRunner
 
@@ -75,7 +67,7 @@ __all__ = ["LagStats", "LearnerService"]
 log = logging.getLogger(__name__)
 
 
-class LearnerService(Service):
+class LearnerService(LearnerState):
     """One learner process (``index`` of ``learner.count``; see the module docstring).
 
     It consumes only what the controller grants (:class:`GrantConsumption`: a limit on
@@ -91,8 +83,6 @@ class LearnerService(Service):
     """
 
     role = "learner"
-
-    RESTORE_TIMEOUT_S = 120.0
 
     def __init__(
         self,
@@ -225,91 +215,10 @@ class LearnerService(Service):
         self.gauges[LearnerStat.HELD_SAMPLES] = float(self._held)
         await self._batches.put(ev)  # bounded, and the buffer sends only what we requested
 
-    async def on_restore(self, ev: RestoreCheckpoint) -> None:
-        """Continue from a checkpoint's state (once; a repeat is counted and ignored)."""
-        assert self._restored is not None
-        if self._restored.is_set():
-            self.counters["restores_ignored"] += 1
-            return
-        try:
-            restore_algorithm(self.algo, unpack_state(ev.state.tobytes()), ev.policy_version)
-        except (ValueError, KeyError, RuntimeError, TypeError) as exc:
-            self.fail(f"cannot restore the checkpoint at version {ev.policy_version}: {exc}")
-            return
-        self.version = ev.policy_version
-        self.counters[LearnerStat.LEARNER_UPDATES] = self.version
-        self.counters["restored_version"] = self.version
-        self._restored.set()
-
-    async def _wait_restored(self) -> bool:
-        assert self._restored is not None
-        try:
-            await asyncio.wait_for(self._restored.wait(), self.RESTORE_TIMEOUT_S)
-        except TimeoutError:
-            self.fail(f"resume: no checkpoint state arrived in {self.RESTORE_TIMEOUT_S:.0f} s")
-            return False
-        return True
-
-    async def _maybe_checkpoint(self) -> None:
-        """Learner-0: pack and publish the state when a ``[checkpoint]`` trigger fired or
-        one was requested (between two updates, so the state is one update's, never half
-        of one)."""
-        c = self.config.checkpoint
-        if self.index != 0 or not c.enabled:
-            return
-        now = asyncio.get_running_loop().time()
-        version, at = self._checkpointed
-        due = c.every_updates > 0 and self.version - version >= c.every_updates
-        due |= c.every_seconds > 0 and now - at >= c.every_seconds
-        if (due or self._checkpoint_wanted) and self.version != version:
-            await self._checkpoint()
-        self._checkpoint_wanted = False
-
-    async def _checkpoint(self) -> None:
-        self._checkpointed = (self.version, asyncio.get_running_loop().time())
-        if not self.subscriber_count(CHECKPOINTS):
-            self.counters["checkpoints_unsent"] += 1  # no monitor writing them (no run dir)
-            return
-        if await self.publish(self._checkpoint_event(), CHECKPOINTS):
-            self.counters[LearnerStat.CHECKPOINTS_TAKEN] += 1
-
-    def _checkpoint_event(self) -> CheckpointTaken:
-        """The algorithm's whole state, packed, at the current policy version."""
-        if not isinstance(self.algo, SupportsCheckpoint) and not self._warned_weights_only:
-            self._warned_weights_only = True
-            log.warning(
-                "%s: algorithm %r has no state_dict()/load_state_dict(): its checkpoints keep "
-                "the weights only, and a resumed run restarts its optimizer from zero "
-                "(docs/writing-an-algorithm.md)",
-                self.name,
-                self.config.algorithm,
-            )
-        state = np.frombuffer(pack_state(algorithm_state(self.algo)), np.uint8)
-        return CheckpointTaken(policy_version=self.version, state=state)
-
-    def _checkpoint_at_stop(self) -> None:
-        """Stopped by a signal of its own (SIGTERM / SIGINT to this process) with updates
-        since the last checkpoint: hand the state to the monitor without waiting (the drain
-        delivers it), unless an update was cut off mid-way (its state is not one update's)
-        or the learner failed. A run that stops cleanly asked for its last checkpoint before
-        sending Shutdown (``RunPlan.before_stop``)."""
-        c = self.config.checkpoint
-        if self.index != 0 or not c.enabled or self._updating or self.failure is not None:
-            return
-        if not self.stop_reason.startswith("signal "):  # a Shutdown: the run took its own
-            return
-        if self.version == self._checkpointed[0] or not self.subscriber_count(CHECKPOINTS):
-            return
-        self._checkpointed = (self.version, 0.0)
-        try:
-            self.publish_nowait(self._checkpoint_event(), CHECKPOINTS)
-            self.counters[LearnerStat.CHECKPOINTS_TAKEN] += 1
-        except TianjiError as exc:  # the monitor's link is full or gone
-            self.counters["checkpoints_unsent"] += 1
-            log.warning("%s: no checkpoint at stop: %s", self.name, exc)
-
     async def on_control(self, ev: Event) -> None:
-        if isinstance(ev, TakeCheckpoint):
+        if isinstance(ev, AdoptState):
+            await self.on_adopt(ev)
+        elif isinstance(ev, TakeCheckpoint):
             if self._updating:
                 self._checkpoint_wanted = True
             elif self.index == 0 and self.version != self._checkpointed[0]:
@@ -491,3 +400,4 @@ class LearnerService(Service):
         if self.index == 0 and publish and not self.publish_at_round_end:
             await self._publish_weights()
         await self._maybe_checkpoint()
+        await self._adopt()

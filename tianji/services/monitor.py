@@ -92,8 +92,12 @@ class TrainMonitor(Service):
         self.stop_config = stop
         self.started = time.monotonic()
         self.returns: collections.deque[float] = collections.deque(maxlen=stop.window)
+        self.resume = resume
+        self.restore = resume  # what a (re)starting learner continues from ...
+        self.restore_version = resume.policy_version if resume is not None else 0  # ... as
         self.env_steps_by_actor: dict[str, int] = {}
         self.episodes = 0
+        self._continue_books(resume)
         self.first_data: float | None = None  # seconds until the first fragment arrived
         self.time_to_target: float | None = None
         self.target_unix: float | None = None  # wall clock when the target was reached
@@ -101,23 +105,12 @@ class TrainMonitor(Service):
         self.steps_to_target: int | None = None
         self.return_at_stop: float | None = None  # the moving mean when the stop was decided
         self.run_failure: str | None = None  # why the run failed (see fail_run)
-        self.resume = resume
-        self.restore = resume  # what a (re)starting learner continues from ...
-        self.restore_version = resume.policy_version if resume is not None else 0  # ... as
-        self.retired_env_steps = 0  # env steps of actors' earlier incarnations
-        self.start_env_steps = 0  # env steps before this run (a resumed run's checkpoint)
-        self.elapsed_before = 0.0  # seconds of the run before this part of it
-        if resume is not None:
-            run = resume.run
-            self.start_env_steps = int(run.get("env_steps", 0))
-            self.episodes = int(run.get("episodes", 0))
-            self.elapsed_before = float(run.get("elapsed_s", 0.0))
-            self.returns.extend(float(r) for r in run.get("returns", []))
         self.checkpoint_dir = checkpoints
         self.keep = keep
         self.identity = identity or {}
         self.last_checkpoint: Path | None = None
         self.checkpoint_version = -1  # of the newest checkpoint written
+        self.latest_state: tuple[int, bytes] | None = None  # (version, packed) of the newest
         self._written = asyncio.Event()  # set (and cleared) at every checkpoint written
         self.evaluations: collections.deque[dict[str, Any]] = collections.deque(maxlen=1000)
         """The newest evaluations (``[eval] workers``), oldest first: ``policy_version``,
@@ -130,6 +123,18 @@ class TrainMonitor(Service):
             self.subscribe(CHECKPOINTS, self.on_checkpoint)
             for buffer in replay:
                 self.subscribe(replay_snapshots_topic(buffer), self._replay_writer(buffer))
+
+    def _continue_books(self, resume: Checkpoint | None) -> None:
+        """The run's books so far: zero, or a resumed run's from its checkpoint."""
+        self.retired_env_steps = 0  # env steps of actors' earlier incarnations
+        self.start_env_steps = 0  # env steps before this run (a resumed run's checkpoint)
+        self.elapsed_before = 0.0  # seconds of the run before this part of it
+        if resume is not None:
+            run = resume.run
+            self.start_env_steps = int(run.get("env_steps", 0))
+            self.episodes = int(run.get("episodes", 0))
+            self.elapsed_before = float(run.get("elapsed_s", 0.0))
+            self.returns.extend(float(r) for r in run.get("returns", []))
 
     def restart_clock(self) -> None:
         """Count the run's time from now (a deployment by hand starts its clock once every
@@ -234,10 +239,10 @@ class TrainMonitor(Service):
                 "returns": list(self.returns),
             },
         }
+        state = ev.state.tobytes()
+        self.latest_state = (ev.policy_version, state)
         try:
-            path = await asyncio.to_thread(
-                write_checkpoint, self.checkpoint_dir, ev.state.tobytes(), meta
-            )
+            path = await asyncio.to_thread(write_checkpoint, self.checkpoint_dir, state, meta)
             await asyncio.to_thread(prune_checkpoints, self.checkpoint_dir, self.keep)
         except OSError as exc:
             self.counters[MonitorStat.CHECKPOINT_ERRORS] += 1
