@@ -129,3 +129,34 @@ def test_bad_league_rules_name_the_key(key: str, value: object) -> None:
         SelfPlayConfig(**{key: value})  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="anchors"):
         League(SelfPlayConfig(), anchors={"v3": 0.0})
+
+
+def test_fixed_training_opponents_take_their_share_and_are_rated() -> None:
+    league = League(
+        SelfPlayConfig(pfsp="uniform", latest_prob=0.5, k=16.0),
+        anchors={"random": 1000.0},
+        fixed={"scripted": 0.2, "random": 0.1},
+    )
+    assert league.weights() == {}  # nothing before the first snapshot
+    for version in (10, 20, 30):
+        league.snapshot(version)
+    # the snapshots share 0.7 as before: 1/6, 1/6, 1/2 + 1/6 of it
+    want = {"v10": 0.7 / 6, "v20": 0.7 / 6, "v30": 0.7 * (0.5 + 1 / 6)}
+    assert league.weights() == pytest.approx({**want, "scripted": 0.2, "random": 0.1})
+    assert sum(league.weights().values()) == pytest.approx(1.0)
+    assert league.record("scripted", 0.0) == (992.0, 1008.0)  # rated like a snapshot
+    learner, anchor = league.record("random", 1.0)  # the anchor stays where it is
+    assert anchor == 1000.0 and learner == pytest.approx(992.0 + 16 * (1 - elo_expected(992, 1000)))
+    rng = np.random.default_rng(1)
+    draws = [league.opponent(rng) for _ in range(20_000)]
+    assert draws.count("scripted") / len(draws) == pytest.approx(0.2, abs=0.015)
+
+
+@pytest.mark.parametrize(
+    "mix", [{"scripted": 0.0}, {"scripted": 1.2}, {"a": 0.5, "b": 0.5}, {"x": "0.1"}]
+)
+def test_a_bad_training_mix_is_refused_naming_it(mix: dict[str, object]) -> None:
+    with pytest.raises(ConfigError, match=r"selfplay\.train_opponents"):
+        SelfPlayConfig(train_opponents=mix)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="train_opponents"):
+        League(SelfPlayConfig(), fixed={"v3": 0.1})

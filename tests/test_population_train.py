@@ -1,35 +1,45 @@
 """A population run end to end (`tianji train examples/acrobot_pbt.toml`, shortened to two
-CartPole members): members exploit and explore (population.jsonl), the adopting learner
-loads the state, every member's books close on its own, and the summary has a population
-section."""
+CartPole members), watched on its dashboard: members exploit and explore (population.jsonl),
+the adopting learner loads the state, a member's learner killed mid-run resumes from its
+member's newest checkpoint with the hyperparameters PBT gave it, every member's books close
+on their own, and the summary has a population section."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+from test_recovery import training
 
 ROOT = Path(__file__).resolve().parents[1]
+PBT = ROOT / "examples" / "acrobot_pbt.toml"
+
+
+def _member(status: dict[str, Any], scope: str) -> dict[str, Any]:
+    return status["counters"]["members"][scope]
 
 
 @pytest.mark.slow
-def test_a_two_member_pbt_run_exploits_and_keeps_each_members_books(tmp_path: Path) -> None:
-    summary_path = tmp_path / "summary.json"
-    command = [
-        sys.executable, "-m", "tianji.cli", "train", "examples/acrobot_pbt.toml",
-        "--no-dashboard", "--summary", str(summary_path), "--run-dir", str(tmp_path / "runs"),
-        "--set", "env.id=CartPole-v1", "--set", "actors.count=2",
-        "--set", "population.size=2", "--set", "population.interval=2000",
-        "--set", "population.init={lr = [1e-4, 3e-3]}", "--set", "population.fraction=0.5",
-        "--set", "stop.max_env_steps=14000", "--set", "stop.window=5",
-        "--set", "actors.fragment_length=64",
+def test_a_two_member_pbt_run_exploits_survives_a_kill_and_keeps_each_members_books(
+    tmp_path: Path,
+) -> None:
+    overrides = [
+        "env.id=CartPole-v1", "actors.count=2", "population.size=2", "population.interval=2000",
+        "population.init={lr = [1e-4, 3e-3]}", "population.fraction=0.5",
+        "stop.max_env_steps=30000", "stop.window=5", "actors.fragment_length=64",
+        'recovery.learner="resume"', "checkpoint.every_updates=5",
     ]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    s = json.loads(summary_path.read_text())
+    args = [x for o in overrides for x in ("--set", o)]
+    with training(tmp_path, *args, config=PBT) as run:
+        status = run.wait_for(lambda s: _member(s, "m1")["learner_updates"] >= 12, timeout=120)
+        assert status["title"].endswith("population of 2")
+        assert set(status["accounting"]["members"]) == {"m0", "m1"}
+        run.kill_and_await_restart(status, "m1.learner-0")
+        code, out, s = run.finish()
+    assert code == 0, out[-3000:]
+    assert "m1.learner-0 died: resuming from ckpt-" in out, out[-3000:]
     pop = s["population"]
     assert pop["size"] == 2 and pop["pbt"] and set(pop["members"]) == {"m0", "m1"}
     run_dir = Path(s["run_dir"])
@@ -43,14 +53,20 @@ def test_a_two_member_pbt_run_exploits_and_keeps_each_members_books(tmp_path: Pa
     for name, member in pop["members"].items():
         assert member["books_closed"] is True, (name, member)
         own = json.loads((run_dir / "members" / name / "summary.json").read_text())
-        learner = own["services"]["learner-0"]["counters"]
-        adopted = sum(1 for x in done if x["member"] == name)
-        assert learner.get("pbt/adopted", 0) == adopted
+        learner = own["services"]["learner-0"]
         assert member["exploited"] == sum(1 for x in lines if x["member"] == name)
         # only its own actors' samples: its books balance on its own producers
         assert own["accounting"]["balanced"], own["accounting"]
         assert all("." not in n for n in own["services"])  # under local names
         assert (run_dir / "members" / name / "metrics.jsonl").stat().st_size > 0
+        if name == "m1":  # killed: it resumed from its member's checkpoint, PBT's values kept
+            assert own["restarts"] == {"learner-0": 1}
+            assert learner["counters"]["restored_version"] >= 5
+            hp = learner["hyperparameters"]
+            assert hp["lr"] == pytest.approx(member["hyperparameters"]["lr"]), (hp, member)
+        else:
+            adopted = sum(1 for x in done if x["member"] == name)
+            assert learner["counters"].get("pbt/adopted", 0) == adopted
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert rows and set(rows[-1]["members"]) == {"m0", "m1"}
-    assert "pbt:" in result.stdout and " m0 " in result.stdout and " m1 " in result.stdout
+    assert "pbt:" in out and " m0 " in out and " m1 " in out

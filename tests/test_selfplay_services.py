@@ -16,7 +16,7 @@ import pytest
 from tianji.rl.config import EnvConfig, RunConfig, to_dict
 from tianji.rl.events import DrawOpponents, GamesPlayed, ParamsPublished, SnapshotTaken
 from tianji.rl.league import LEARNER, SelfPlayConfig
-from tianji.rl.selfplay import RandomOpponent, fixed_opponent
+from tianji.rl.selfplay import ConnectFourScripted, RandomOpponent, fixed_opponent
 from tianji.runtime.errors import ConfigError
 from tianji.services.league import RANDOM, LeagueService, selfplay_summary
 from tianji.services.opponents import OpponentPool
@@ -81,6 +81,19 @@ def test_the_opponent_pool_draws_by_the_leagues_probabilities_among_what_it_hold
     assert 0.45 < draws.count("v2") / len(draws) < 0.55
     obs = np.zeros(91, np.float32)
     assert pool._opponent("v3").act(obs) == 3  # the snapshot's own policy moves
+
+
+def test_the_opponent_pool_plays_the_fixed_opponents_mixed_into_training() -> None:
+    scripted = ConnectFourScripted(seed=0)
+    pool = OpponentPool(Constant, pool_size=2, explore=True, seed=0, fixed=[scripted])
+    assert isinstance(pool.draw(), RandomOpponent)  # before the first snapshot, as ever
+    asyncio.run(pool.on_snapshot(snapshot(1)))
+    odds = DrawOpponents(probabilities={"v1": 0.7, "scripted": 0.3}, ratings={})
+    asyncio.run(pool.on_opponents(odds))
+    draws = [pool.draw() for _ in range(4000)]
+    assert {d.id for d in draws} == {"v1", "scripted"}
+    assert all(d is scripted for d in draws if d.id == "scripted")
+    assert 0.26 < sum(d.id == "scripted" for d in draws) / len(draws) < 0.34
 
 
 def test_the_league_rates_games_publishes_the_draw_and_writes_league_jsonl(

@@ -194,7 +194,9 @@ async def _controller_main(job: dict[str, Any]) -> dict[str, Any]:
     else:  # as a population run: one snapshot per member, on its view of the controller
         views = {
             scope: (
-                MemberController(ctl, scope, [b]),
+                MemberController(  # the views the balancer files, as a population run has
+                    ctl, scope, [b], balancer.inner.heartbeat_views, balancer.inner.registry_views
+                ),
                 RunFacts(services=tuple(local_view(names, scope))),
             )
             for scope, b in balancer.inner.members.items()

@@ -13,9 +13,10 @@ import ipaddress
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TextIO
 
-from tianji.dashboard.model import RunMonitor
+from tianji.dashboard.model import Members, RunMonitor
 from tianji.launch.base import Launcher, LaunchResult, run_launcher
 from tianji.rl.config import RunConfig
+from tianji.runtime.controller import Controller
 from tianji.runtime.errors import ConfigError
 from tianji.runtime.loop import run
 
@@ -78,6 +79,7 @@ def run_with_dashboard(
     on_policy: bool,
     expected: Sequence[str],
     out: TextIO,
+    members: Callable[[Controller], Members] | None = None,
 ) -> LaunchResult:
     """Run ``launcher`` to its end (blocking) with the dashboard served at ``address``
     during the run (none when ``None``); print its URL to ``out`` once it listens.
@@ -90,6 +92,8 @@ def run_with_dashboard(
         on_policy: how accounting counts consumed samples.
         expected: the names of the run's services.
         out: where the URL is printed.
+        members: a population run's members, from the run's controller (each drawn and
+            accounted on its own).
 
     Raises:
         ConfigError: for a bad address or one that cannot be listened on, before the run.
@@ -101,8 +105,14 @@ def run_with_dashboard(
     async def main() -> LaunchResult:
         from tianji.dashboard.server import Dashboard
 
+        controller = launcher.controller
         dash = Dashboard(
-            launcher.controller, monitor, title=title, on_policy=on_policy, expected=expected
+            controller,
+            monitor,
+            title=title,
+            on_policy=on_policy,
+            expected=expected,
+            members=None if members is None else lambda: members(controller),
         )
         url = await dash.start(host, port)
         print(f"dashboard: {url}", file=out, flush=True)
@@ -136,13 +146,17 @@ class PlannedRun(Protocol):
 
 def launch_plan(plan: PlannedRun, launcher: Launcher) -> LaunchResult:
     """Run a planned run's ``launcher`` to its end (blocking), with the live dashboard at
-    ``plan.dashboard`` when that is set (see :func:`run_with_dashboard`)."""
+    ``plan.dashboard`` when that is set (see :func:`run_with_dashboard`); a population
+    plan's members (``dashboard_members``) are drawn each on its own."""
+    size = plan.config.population.size
+    title = f"{plan.config.algorithm} on {plan.config.env.id}"
     return run_with_dashboard(
         launcher,
         plan.dashboard,
         monitor=lambda: plan.monitor,
-        title=f"{plan.config.algorithm} on {plan.config.env.id}",
+        title=title + (f", population of {size}" if size > 1 else ""),
         on_policy=plan.on_policy,
         expected=[s.name for s in plan.specs],
         out=plan.out,
+        members=getattr(plan, "dashboard_members", None),
     )

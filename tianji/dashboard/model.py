@@ -31,6 +31,7 @@ from tianji.services.balancer import (
 from tianji.services.monitor import newest_evaluation
 
 __all__ = [
+    "Members",
     "MetricsHistory",
     "RunMonitor",
     "Sample",
@@ -47,11 +48,21 @@ log = logging.getLogger(__name__)
 class RunMonitor(Protocol):
     """What the dashboard reads from the run's monitor (:class:`~tianji.run.plan.TrainMonitor`)."""
 
-    episodes: int
-    returns: collections.deque[float]
-    checkpoint_version: int
-    """Policy version of the newest checkpoint written (-1: none yet)."""
-    last_checkpoint: Path | None
+    @property
+    def episodes(self) -> int:
+        """Episodes finished so far."""
+
+    @property
+    def returns(self) -> collections.deque[float]:
+        """The returns of the last episodes, oldest first."""
+
+    @property
+    def checkpoint_version(self) -> int:
+        """Policy version of the newest checkpoint written (-1: none yet)."""
+
+    @property
+    def last_checkpoint(self) -> Path | None:
+        """The newest checkpoint written, if any."""
 
     @property
     def env_steps(self) -> int:
@@ -62,6 +73,11 @@ class RunMonitor(Protocol):
 
     def done(self) -> str | None:
         """Why the run should stop now, or ``None``."""
+
+
+Members = Mapping[str, tuple[Controller, RunMonitor | None]]
+"""A population run's members (scope -> its view of the controller, its monitor): see
+:class:`~tianji.run.members.MemberController`."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -86,6 +102,9 @@ class Sample:
     """Samples inserted per second (the controller's balance window), ``None`` unbalanced."""
     consumption_per_s: float | None
     lag_mean: float | None
+    members: dict[str, dict[str, Any]] | None = None
+    """A population run's members: scope -> ``env_steps``, ``episodes``, ``mean_return``,
+    ``eval_return``, ``learner_updates`` (each its own); ``None`` for a single policy."""
 
     def to_json(self) -> dict[str, Any]:
         """The row as JSON-ready values."""
@@ -96,14 +115,28 @@ def _total(heartbeats: Iterable[Heartbeat], role: str, key: str) -> int:
     return sum(hb.counters.get(key, 0) for hb in heartbeats if hb.role == role)
 
 
+MEMBER_KEYS = ("env_steps", "episodes", "mean_return", "eval_return", "learner_updates")
+
+
+def member_samples(members: Members, t: float) -> dict[str, dict[str, Any]]:
+    """Each member's own counters now (:data:`MEMBER_KEYS` of its :func:`sample`)."""
+    rows = {}
+    for scope, (view, monitor) in members.items():
+        row = sample(view, monitor, t).to_json()
+        rows[scope] = {k: row[k] for k in MEMBER_KEYS}
+    return rows
+
+
 def sample(
     controller: Controller,
     monitor: RunMonitor | None,
     t: float,
     previous: Sample | None = None,
+    members: Members | None = None,
 ) -> Sample:
     """The run's counters now; the env-step rate since ``previous`` where given (actors
-    report per fragment, so a window of a few seconds gives a steadier rate)."""
+    report per fragment, so a window of a few seconds gives a steadier rate); with
+    ``members``, each member's own too."""
     beats = controller.heartbeats
     obs = Balancer.observe(beats, {})
     steps = monitor.env_steps if monitor is not None else 0
@@ -131,6 +164,7 @@ def sample(
         production_per_s=None if production is None else round(production, 1),
         consumption_per_s=None if consumption is None else round(consumption, 1),
         lag_mean=None if lag is None else lag["mean"],
+        members=member_samples(members, t) if members else None,
     )
 
 
@@ -278,15 +312,26 @@ def status(
     expected: Sequence[str] = (),
     finished: str | None = None,
     elapsed: float = 0.0,
+    members: Members | None = None,
 ) -> dict[str, Any]:
-    """``/api/status``: run state, counters, balance metrics, accounting and services."""
+    """``/api/status``: run state, counters, balance metrics, accounting and services; a
+    population run's accounting and balance metrics are per member (each member's books
+    close on their own), under ``members``."""
     beats = controller.heartbeats
     state, reason = run_state(monitor, finished)
-    now = sample(controller, monitor, elapsed)
+    now = sample(controller, monitor, elapsed, members=members)
     counters = now.to_json()
     del counters["t"], counters["env_steps_per_s"]
     counters["samples_dropped"] = dropped_by_reason(beats)
     balance = balancer.metrics(beats) if (balancer := balancer_of(controller)) is not None else None
+    books = accounting(beats, on_policy)
+    if members:
+        per_member = {m: member_status(view, on_policy) for m, (view, _) in members.items()}
+        books = {
+            "balanced": all(m["accounting"]["balanced"] for m in per_member.values()),
+            "members": {m: row["accounting"] for m, row in per_member.items()},
+        }
+        balance = {"members": {m: row["controller"] for m, row in per_member.items()}}
     return {
         "run_id": controller.run_id,
         "title": title,
@@ -298,7 +343,7 @@ def status(
         "on_policy": on_policy,
         "lag_histogram": lag_histogram(beats),
         "controller": balance,
-        "accounting": accounting(beats, on_policy),
+        "accounting": books,
         "checkpoint": checkpoint_status(monitor),
         "services": services(controller, expected),
         "links_down": [
@@ -306,6 +351,15 @@ def status(
             for sub, links in controller.failing_links().items()
             for pub, why in links.items()
         ],
+    }
+
+
+def member_status(view: Controller, on_policy: bool) -> dict[str, Any]:
+    """A population member's books and balance metrics, from its view of the controller."""
+    balancer = balancer_of(view)
+    return {
+        "accounting": accounting(view.heartbeats, on_policy),
+        "controller": balancer.metrics(view.heartbeats) if balancer is not None else None,
     }
 
 

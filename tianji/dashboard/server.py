@@ -30,7 +30,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from tianji.dashboard.model import MetricsHistory, RunMonitor, sample, services, status
+from tianji.dashboard.model import Members, MetricsHistory, RunMonitor, sample, services, status
 from tianji.runtime.controller import Controller
 from tianji.runtime.errors import ConfigError
 from tianji.services.balancer import dropped_by_reason
@@ -54,6 +54,8 @@ class Dashboard:
         expected: names of the run's services, listed as ``waiting`` until they join.
         interval: seconds between samples.
         capacity: samples kept (at 1 s, the last ~33 minutes).
+        members: a population run's members (:data:`~tianji.dashboard.model.Members`),
+            each drawn and accounted on its own; ``None`` for a single policy.
     """
 
     def __init__(
@@ -66,8 +68,10 @@ class Dashboard:
         expected: Sequence[str] = (),
         interval: float = 1.0,
         capacity: int = 2000,
+        members: Callable[[], Members] | None = None,
     ) -> None:
         self.controller = controller
+        self.members = members
         self.monitor = monitor
         self.title = title
         self.on_policy = on_policy
@@ -90,7 +94,9 @@ class Dashboard:
         """Append one sample of the run to the history now."""
         monitor = self.monitor()
         now = self.elapsed()
-        row = sample(self.controller, monitor, now, self.history.window_start(now, RATE_WINDOW))
+        start = self.history.window_start(now, RATE_WINDOW)
+        members = self.members() if self.members is not None else None
+        row = sample(self.controller, monitor, now, start, members)
         self.history.add(row, list(monitor.returns) if monitor is not None else ())
 
     def status(self) -> dict[str, Any]:
@@ -103,6 +109,7 @@ class Dashboard:
             expected=self.expected,
             finished=self.finished,
             elapsed=self.elapsed(),
+            members=self.members() if self.members is not None else None,
         )
 
     async def start(self, host: str, port: int) -> str:

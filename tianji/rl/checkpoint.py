@@ -43,6 +43,7 @@ from tianji.runtime.errors import ConfigError, TianjiError
 __all__ = [
     "Checkpoint",
     "CheckpointError",
+    "HYPERPARAMETERS_KEY",
     "SupportsCheckpoint",
     "adopt_algorithm",
     "algorithm_state",
@@ -95,6 +96,9 @@ class SupportsCheckpoint(Protocol):
 
 RNG_KEY = "__rng__"
 """The key of the random generators' states in a state tree (:func:`rng_state`)."""
+HYPERPARAMETERS_KEY = "__hyperparameters__"
+"""The key of the perturbable hyperparameters' values in a state tree (an algorithm that
+declares ``perturbable`` ones; PBT may have changed them since the run's config)."""
 
 
 def algorithm_state(algo: Any) -> dict[str, Any]:
@@ -107,20 +111,35 @@ def algorithm_state(algo: Any) -> dict[str, Any]:
     else:
         state = {"weights": algo.get_weights()}
     state[RNG_KEY] = rng_state(algo)
+    declared = getattr(type(algo), "perturbable", None) or {}
+    if declared:
+        state[HYPERPARAMETERS_KEY] = {k: float(getattr(algo.config, k)) for k in declared}
     return state
 
 
-def restore_algorithm(algo: Any, state: Mapping[str, Any], version: int) -> None:
+def restore_algorithm(
+    algo: Any, state: Mapping[str, Any], version: int, *, hyperparameters: bool = False
+) -> None:
     """Load ``state`` (from :func:`algorithm_state`) into ``algo`` at ``version``, and the
-    random generators' states where the checkpoint has them."""
+    random generators' states where the checkpoint has them. With ``hyperparameters``
+    (a population member's learner restarting), also the perturbable hyperparameters'
+    values the state was taken with (PBT may have moved them from the config's); without
+    it, ``algo`` keeps its config's.
+
+    Raises:
+        ConfigError: when the saved hyperparameters do not fit ``algo``.
+    """
     state = dict(state)
     rng = state.pop(RNG_KEY, None)
+    saved = state.pop(HYPERPARAMETERS_KEY, None)
     if isinstance(algo, SupportsCheckpoint) and "weights" not in state:
         algo.load_state_dict(state)
     else:
         algo.set_weights(state["weights"], version)
     if rng is not None:
         set_rng_state(algo, rng)
+    if hyperparameters and saved:
+        algo.set_hyperparameters(saved)
 
 
 def adopt_algorithm(
@@ -136,7 +155,7 @@ def adopt_algorithm(
         ConfigError: hyperparameters given to an algorithm that cannot set them, or ones
             it refuses.
     """
-    own = {k: v for k, v in state.items() if k != RNG_KEY}
+    own = {k: v for k, v in state.items() if k not in (RNG_KEY, HYPERPARAMETERS_KEY)}
     restore_algorithm(algo, own, version)
     algo.version = version
     if not hyperparameters:

@@ -88,6 +88,13 @@ class SelfPlayConfig:
     or your own ``"module:Class"`` (``Class(seed=...)`` with ``id`` and ``act(obs)``)."""
     eval_games: int = 50
     """Games per fixed opponent in each evaluation, half played first, half second."""
+    train_opponents: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Fixed opponents mixed into training (names as in ``eval_opponents``): name -> the
+    chance that a game is played against it once the league has a snapshot (the snapshots
+    share the rest). Games against them are rated: the uniform random player is the
+    scale's anchor, others are rated like snapshots. Empty (the default): pure self-play.
+    An evaluation against an opponent also trained against measures play against a known
+    opponent, not generalization: reports should say which it is."""
     latest_prob: float = 0.5
     """The chance that the next opponent is the newest snapshot (else one from the pool)."""
     pfsp: str = "hard"
@@ -120,6 +127,13 @@ class SelfPlayConfig:
             raise ConfigError("selfplay.eval_games", self.eval_games, "games >= 2 (both seats)")
         if not self.eval_opponents:
             raise ConfigError("selfplay.eval_opponents", self.eval_opponents, "one or more")
+        for name, p in self.train_opponents.items():
+            if not isinstance(p, int | float) or not 0.0 < p < 1.0:
+                key = f"selfplay.train_opponents.{name}"
+                raise ConfigError(key, p, "a probability in (0, 1)")
+        if sum(self.train_opponents.values()) >= 1.0:
+            why = "probabilities summing to less than 1 (the rest is self-play)"
+            raise ConfigError("selfplay.train_opponents", self.train_opponents, why)
 
 
 @dataclasses.dataclass(slots=True)
@@ -142,17 +156,30 @@ class League:
 
     Args:
         rules: the sampling and rating rules.
-        anchors: fixed-rating opponents by id (e.g. ``{"random": 0.0}``); never drawn by
-            :meth:`opponent`, but games against them move the learner's rating.
+        anchors: fixed-rating opponents by id (e.g. ``{"random": 0.0}``); games against
+            them move the learner's rating, not theirs.
+        fixed: fixed opponents mixed into training, by id -> the chance of a game against
+            it once there is a snapshot (``[selfplay] train_opponents``, by the opponents'
+            ids); rated from the initial rating unless they are anchors.
     """
 
-    def __init__(self, rules: SelfPlayConfig, anchors: Mapping[str, float] | None = None) -> None:
+    def __init__(
+        self,
+        rules: SelfPlayConfig,
+        anchors: Mapping[str, float] | None = None,
+        fixed: Mapping[str, float] | None = None,
+    ) -> None:
         self.rules = rules
         self.players: dict[str, Player] = {LEARNER: Player(LEARNER, rules.initial_rating)}
         for name, rating in (anchors or {}).items():
             if name == LEARNER or name.startswith("v"):
                 raise ConfigError("selfplay.anchors", name, 'a name other than "learner"/"v<N>"')
             self.players[name] = Player(name, float(rating), anchor=True)
+        self.fixed = dict(fixed or {})
+        for name in self.fixed:
+            if name == LEARNER or name.startswith("v"):
+                raise ConfigError("selfplay.train_opponents", name, 'an id other than "v<N>"')
+            self.players.setdefault(name, Player(name, rules.initial_rating))
         self.pool: list[str] = []
         """Snapshot ids, oldest first (the newest is ``pool[-1]``)."""
         self.retired: dict[str, Player] = {}
@@ -177,9 +204,18 @@ class League:
         return sid, evicted
 
     def weights(self) -> dict[str, float]:
-        """The probability of each snapshot being the next opponent (they sum to 1)."""
+        """The probability of each opponent being the next (they sum to 1): each fixed
+        one's own, and the rest shared among the snapshots as above; none before the
+        first snapshot."""
         if not self.pool:
             return {}
+        selfplay = 1.0 - sum(self.fixed.values())
+        probs = {sid: selfplay * p for sid, p in self._snapshot_weights().items()}
+        return {**probs, **self.fixed}
+
+    def _snapshot_weights(self) -> dict[str, float]:
+        """The snapshots' share of the draws (summing to 1): the newest with
+        ``latest_prob``, the pool by PFSP."""
         r = self.rules
         learner = self.learner.rating
         raw = {

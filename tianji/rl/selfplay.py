@@ -341,12 +341,12 @@ FIXED_OPPONENTS: Final = ("random", "connect_four_scripted")
 """The built-in fixed opponents by name (``[selfplay] eval_opponents``)."""
 
 
-def fixed_opponent(name: str, seed: int) -> Opponent:
+def fixed_opponent(name: str, seed: int, key: str = "selfplay.eval_opponents") -> Opponent:
     """A fixed opponent by name: "random", "connect_four_scripted" or ``"module:Class"``
     (built as ``Class(seed=seed)``, with an ``id`` and ``act(obs)``).
 
     Raises:
-        ConfigError: naming ``name`` if it is none of those.
+        ConfigError: naming ``name`` (under ``key``) if it is none of those.
     """
     if name == "random":
         return RandomOpponent(seed=seed)
@@ -356,13 +356,13 @@ def fixed_opponent(name: str, seed: int) -> Opponent:
 
     expected = f'one of {", ".join(FIXED_OPPONENTS)} or "module:Class"'
     if ":" not in name:
-        raise ConfigError("selfplay.eval_opponents", name, expected)
+        raise ConfigError(key, name, expected)
     try:
         opponent = load_factory(name)(seed=seed)
     except ConfigError as exc:
-        raise ConfigError("selfplay.eval_opponents", name, exc.expected) from None
+        raise ConfigError(key, name, exc.expected) from None
     if not callable(getattr(opponent, "act", None)) or not isinstance(
         getattr(opponent, "id", None), str
     ):
-        raise ConfigError("selfplay.eval_opponents", name, "an object with id and act(obs)")
+        raise ConfigError(key, name, "an object with id and act(obs)")
     return opponent  # type: ignore[no-any-return]

@@ -183,6 +183,8 @@ class RunPlan:
         if config.env.api == "two_player":  # the fixed opponents evaluation will play
             for name in config.selfplay.eval_opponents:
                 fixed_opponent(name, seed=0)
+            for name in config.selfplay.train_opponents:
+                fixed_opponent(name, seed=0, key="selfplay.train_opponents")
         spec: BufferSpec = algo.buffer_spec()
         del algo
         balance = balance_config(config, spec)  # validates the mode

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, TextIO, cast
 
+from tianji.dashboard.model import Members
 from tianji.launch.base import LaunchPlan
 from tianji.launch.restarts import RestartPolicy
 from tianji.launch.spec import ServiceSpec
@@ -39,7 +40,7 @@ from tianji.rl.pbt import (
     initial_hyperparameters,
     member_name,
 )
-from tianji.run.members import MemberController
+from tianji.run.members import MemberController, PopulationMonitor
 from tianji.run.pbt_runner import PBTRunner
 from tianji.run.plan import RunPlan
 from tianji.run.progress import PlainDisplay, Snapshot
@@ -47,7 +48,7 @@ from tianji.run.recovery import restart_policy
 from tianji.run.rundir import RunDirectory, RunRecorder, run_name, write_json_atomic
 from tianji.runtime.controller import Controller
 from tianji.runtime.errors import ConfigError, ServiceFailed
-from tianji.runtime.scope import full_name, scope_of, split_name
+from tianji.runtime.scope import ScopedViews, full_name, scope_of, split_name
 from tianji.runtime.service import Service
 from tianji.services.balancer import Balancer
 from tianji.services.common import make_algorithm
@@ -141,6 +142,9 @@ class PopulationPlan:
     directory: RunDirectory | None = None
     _rows: list[TextIO] = dataclasses.field(default_factory=list)
     _views: dict[str, MemberController] = dataclasses.field(default_factory=dict)
+    _scoped: tuple[ScopedViews[Any], ScopedViews[Any]] = dataclasses.field(
+        default_factory=lambda: (ScopedViews(), ScopedViews())
+    )  # the members' views of the heartbeats and the registry, filed once for all
 
     @classmethod
     def build(
@@ -196,15 +200,23 @@ class PopulationPlan:
         return self.members[0].on_policy
 
     @property
-    def monitor(self) -> Any:
-        """Member ``m0``'s monitor (what the dashboard follows)."""
-        return self.members[0].monitor
+    def monitor(self) -> PopulationMonitor | None:
+        """The members' monitors as one (``None`` until they exist)."""
+        if any(p.monitor is None for p in self.members):
+            return None
+        return PopulationMonitor(lambda: [p.monitor for p in self.members])
+
+    def dashboard_members(self, controller: Controller) -> Members:
+        """Each member's view of the controller and its monitor (the dashboard's curves and
+        per-member books)."""
+        return {p.scope: (self.view(controller, p), p.monitor) for p in self.members}
 
     def view(self, controller: Controller, plan: RunPlan) -> Controller:
         """``plan``'s member view of the run's controller (made once)."""
         view = self._views.get(plan.scope)
         if view is None or view.controller is not controller:
-            view = MemberController(controller, plan.scope, [self.balancers[plan.scope]])
+            balancer = self.balancers[plan.scope]
+            view = MemberController(controller, plan.scope, [balancer], *self._scoped)
             self._views[plan.scope] = view
         return cast(Controller, view)
 
@@ -218,7 +230,7 @@ class PopulationPlan:
             progress=self.progress,
             progress_interval=2.0,
             before_stop=self.before_stop,
-            plugins=[PopulationBalancer(self.balancers)],
+            plugins=[PopulationBalancer(self.balancers, *self._scoped)],
             restarts=self.restarts,
         )
 

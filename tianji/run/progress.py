@@ -169,8 +169,9 @@ def _health(
     """(services up, stale ones with their heartbeat age, missing ones)."""
     stale: dict[str, float] = {}
     missing: list[str] = []
+    registry = controller.registry  # (once: a population member's view files it anew)
     for name in services:
-        record = controller.registry.get(name)
+        record = registry.get(name)
         if record is None:
             missing.append(name)
         elif now - record.last_seen > STALE_AFTER:

@@ -39,6 +39,7 @@ from tianji.rl.checkpoint import CheckpointError, latest_checkpoint, read_checkp
 from tianji.rl.config import RunConfig
 from tianji.rl.stats import LearnerStat
 from tianji.runtime.controller import Controller
+from tianji.runtime.scope import full_name
 from tianji.runtime.service import ServiceOptions
 from tianji.services.monitor import TrainMonitor
 
@@ -88,12 +89,13 @@ def _resume_learner(
 ) -> ServiceSpec | None:
     monitor = plan.monitor
     directory = monitor.checkpoint_dir if monitor is not None else None
+    who = full_name(getattr(plan, "scope", ""), spec.name)  # a population member's: m1.<name>
     try:
         if monitor is None or directory is None:
             raise CheckpointError("-", "the run writes no checkpoints (no run directory)")
         ckpt = read_checkpoint(latest_checkpoint(directory))
     except CheckpointError as exc:
-        print(f"{spec.name} died and cannot resume: {exc}", file=out, flush=True)
+        print(f"{who} died and cannot resume: {exc}", file=out, flush=True)
         return None
     reached = max(
         (
@@ -106,7 +108,7 @@ def _resume_learner(
     version = max(ckpt.policy_version, reached)
     monitor.prepare_restore(ckpt, version)
     print(
-        f"{spec.name} died: resuming from {ckpt.path.name} (its policy version "
+        f"{who} died: resuming from {ckpt.path.name} (its policy version "
         f"{ckpt.policy_version}; weights published as version {version})",
         file=out,
         flush=True,

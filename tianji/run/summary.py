@@ -111,18 +111,23 @@ def _staleness(
 
 def _services(controller: Controller) -> dict[str, Any]:
     """Per service (dead incarnations too, as ``name#k``): its role, restarts, peak RSS
-    and last counters (the lag histogram's buckets left out)."""
-    return {
-        name: {
+    and last counters (the lag histogram's buckets left out); a learner whose
+    hyperparameters PBT may change, their values at its last heartbeat."""
+    rows = {}
+    for name, hb in sorted(controller.heartbeats.items()):
+        lag = LearnerStat.LAG_PREFIX
+        row = {
             "role": hb.role,
             "restarts": controller.restarts[name],
             "max_rss_mb": hb.gauges.get(ServiceStat.MAX_RSS_MB),
-            "counters": {
-                k: v for k, v in hb.counters.items() if not k.startswith(LearnerStat.LAG_PREFIX)
-            },
+            "counters": {k: v for k, v in hb.counters.items() if not k.startswith(lag)},
         }
-        for name, hb in sorted(controller.heartbeats.items())
-    }
+        prefix = LearnerStat.HYPERPARAMETER_PREFIX
+        hp = {k[len(prefix) :]: v for k, v in hb.gauges.items() if k.startswith(prefix)}
+        if hp:
+            row["hyperparameters"] = hp
+        rows[name] = row
+    return rows
 
 
 def _resumed(monitor: TrainMonitor) -> dict[str, Any] | None:

@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 from tianji.runtime.errors import ConfigError
 
 __all__ = [
     "SEPARATOR",
+    "ScopedViews",
     "check_scope",
     "full_name",
     "local_view",
@@ -113,3 +114,52 @@ def local_view(values: Mapping[str, V], scope: str) -> dict[str, V]:
     prefix = scope + SEPARATOR
     n = len(prefix)
     return {k[n:]: v for k, v in values.items() if k.startswith(prefix)}
+
+
+class ScopedViews(Generic[V]):
+    """Every scope's :func:`local_view` of one mapping keyed by full names (the
+    controller's heartbeats or registry), kept up to date cheaply: a call where no key
+    came or went only re-files the entries whose value changed (an identity check per
+    entry), instead of every scope filtering and re-keying every entry. A key that came or
+    went re-files everything into fresh dicts (so a view being iterated is never resized).
+
+    Usage::
+
+        views = ScopedViews()
+        views.of(controller.heartbeats)["m1"]   # m1's heartbeats under local names
+    """
+
+    def __init__(self) -> None:
+        self._seen: dict[str, V] = {}
+        self._views: dict[str, dict[str, V]] = {}
+        self._names: dict[str, tuple[str, str]] = {}  # full name -> (scope, local name)
+
+    def of(self, values: Mapping[str, V]) -> dict[str, dict[str, V]]:
+        """scope -> its entries under local names (unscoped entries under ``""``)."""
+        seen = self._seen
+        if seen.keys() != values.keys():
+            self._refile(values)
+            return self._views
+        names, views = self._names, self._views
+        for name, value in values.items():
+            if seen[name] is not value:
+                seen[name] = value
+                scope, local = names[name]
+                views[scope][local] = value
+        return views
+
+    def view(self, values: Mapping[str, V], scope: str) -> dict[str, V]:
+        """``scope``'s entries of ``values`` under local names (empty when it has none)."""
+        return self.of(values).get(scope, {})
+
+    def _refile(self, values: Mapping[str, V]) -> None:
+        views: dict[str, dict[str, V]] = {}
+        for name, value in values.items():
+            split = self._names.get(name)
+            if split is None:
+                scope = scope_of(name)
+                split = self._names[name] = (scope, name[len(scope) + 1 :] if scope else name)
+            views.setdefault(split[0], {})[split[1]] = value
+        self._views, self._seen = views, dict(values)
+        if len(self._names) > 4 * len(values) + 1024:  # names that left long ago
+            self._names = {n: self._names[n] for n in values}

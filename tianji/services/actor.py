@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from tianji.rl.books import Outbox
+from tianji.rl.config import RunConfig
 from tianji.rl.envs import make_vector_env, uniform_actions
 from tianji.rl.events import (
     ActionsComputed,
@@ -23,6 +24,7 @@ from tianji.rl.events import (
 )
 from tianji.rl.masks import legal_actions, mask_size
 from tianji.rl.run_balance import balance_config
+from tianji.rl.selfplay import fixed_opponent
 from tianji.rl.slots import StateSlots
 from tianji.rl.stats import ActorStat, Dropped
 from tianji.rl.topics import (
@@ -109,17 +111,25 @@ class ActorService(Service):
         balance = balance_config(self.config, self.spec)
         self.weights_on_grant = balance.weights_on_grant
         self.subscribe(LATEST_PARAMS, self.on_params, on_demand=True)
-        self.opponents: OpponentPool | None = None
-        if selfplay:  # the league's snapshots to play against, and how to draw them
-            league = run.selfplay
-            self.opponents = OpponentPool(
-                lambda: make_algorithm(run, seed=self.seed, device="cpu"),
-                pool_size=league.pool_size,
-                explore=league.opponent_explore,
-                seed=self.seed,
-            )
-            self.subscribe(SNAPSHOTS, self.opponents.on_snapshot)
-            self.subscribe(OPPONENTS, self.opponents.on_opponents)
+        self.opponents = self._opponent_pool(run) if selfplay else None
+
+    def _opponent_pool(self, run: RunConfig) -> OpponentPool:
+        """The league's snapshots to play against, the fixed opponents mixed into
+        training, and how to draw them (self-play)."""
+        league = run.selfplay
+        pool = OpponentPool(
+            lambda: make_algorithm(run, seed=self.seed, device="cpu"),
+            pool_size=league.pool_size,
+            explore=league.opponent_explore,
+            seed=self.seed,
+            fixed=[
+                fixed_opponent(name, seed=self.seed + 17 * (i + 1))
+                for i, name in enumerate(league.train_opponents)
+            ],
+        )
+        self.subscribe(SNAPSHOTS, pool.on_snapshot)
+        self.subscribe(OPPONENTS, pool.on_opponents)
+        return pool
 
     async def on_params(self, ev: ParamsPublished) -> None:
         if ev.policy_version > max(self.policy_version, self._pending_version()):

@@ -8,8 +8,10 @@ controller``'s process, where the run directory is), holding one
 * each :class:`~tianji.rl.events.SnapshotTaken` (from the parameter service) enters the
   pool, rated as the learner is then (the weights are the actors' business);
 * each :class:`~tianji.rl.events.GamesPlayed` (from an actor) moves the ratings, game by
-  game; games against the uniform random player (before the first snapshot) rate the
-  learner against the ``random`` anchor, fixed at the initial rating;
+  game; games against the uniform random player (before the first snapshot, or mixed into
+  training by ``[selfplay] train_opponents``) rate the learner against the ``random``
+  anchor, fixed at the initial rating; games against other fixed opponents mixed into
+  training rate them like snapshots;
 * at most every :data:`PUBLISH_S` seconds when the ratings moved, and at once when the
   pool changed, it publishes the opponent probabilities
   (:class:`~tianji.rl.events.DrawOpponents`); a new subscriber gets the current ones.
@@ -32,6 +34,7 @@ import numpy as np
 
 from tianji.rl.events import DrawOpponents, GamesPlayed, SnapshotTaken
 from tianji.rl.league import LEARNER, League, SelfPlayConfig
+from tianji.rl.selfplay import fixed_opponent
 from tianji.rl.stats import LeagueStat
 from tianji.rl.topics import GAMES, OPPONENTS, SNAPSHOTS
 from tianji.runtime.core import Connection
@@ -62,7 +65,8 @@ class LeagueService(Service):
         self, name: str, *, settings: SelfPlayConfig, record: Path | None = None, **kwargs: Any
     ) -> None:
         super().__init__(name, publishes=[OPPONENTS], **kwargs)
-        self.league = League(settings, anchors={RANDOM: settings.initial_rating})
+        fixed = {fixed_opponent(n, seed=0).id: p for n, p in settings.train_opponents.items()}
+        self.league = League(settings, anchors={RANDOM: settings.initial_rating}, fixed=fixed)
         self.started = time.monotonic()
         self.snapshots: list[dict[str, Any]] = []
         """Every snapshot as it entered: ``id``, ``version``, ``rating``, ``t``."""
@@ -132,6 +136,10 @@ class LeagueService(Service):
         if OPPONENTS in topics and self.league.pool:
             await self.send_to_subscriber(conn, self._chosen(), OPPONENTS)
 
+    def _games(self, player: str) -> int:
+        """Games the learner played against ``player`` (an anchor or a fixed opponent)."""
+        return self.league.players[player].games
+
     def summary(self) -> dict[str, Any]:
         """The league at the end: ratings, games and the newest snapshots' rating curve
         (the last ratings written to league.jsonl first)."""
@@ -145,6 +153,10 @@ class LeagueService(Service):
             "games_unrated": int(self.counters[LeagueStat.GAMES_UNRATED]),
             "snapshots": len(self.snapshots),
             "random_rating": ratings[RANDOM],
+            "train_opponents": {
+                fid: {"probability": p, "rating": ratings[fid], "games": self._games(fid)}
+                for fid, p in self.league.fixed.items()
+            },
             "rating_at_snapshot": [(s["version"], round(s["rating"], 1)) for s in self.snapshots],
         }
 

@@ -61,13 +61,16 @@ class LearnerState(Service):
             self.counters["restores_ignored"] += 1
             return
         try:
-            restore_algorithm(self.algo, unpack_state(ev.state.tobytes()), ev.policy_version)
-        except (ValueError, KeyError, RuntimeError, TypeError) as exc:
+            state = unpack_state(ev.state.tobytes())
+            # a population member keeps what PBT made of its hyperparameters
+            restore_algorithm(self.algo, state, ev.policy_version, hyperparameters=bool(self.scope))
+        except (ValueError, KeyError, RuntimeError, TypeError, TianjiError) as exc:
             self.fail(f"cannot restore the checkpoint at version {ev.policy_version}: {exc}")
             return
         self.version = ev.policy_version
         self.counters[LearnerStat.LEARNER_UPDATES] = self.version
         self.counters["restored_version"] = self.version
+        self._hyperparameter_gauges()
         self._restored.set()
 
     async def _wait_restored(self) -> bool:
@@ -137,6 +140,12 @@ class LearnerState(Service):
             self.counters["checkpoints_unsent"] += 1
             log.warning("%s: no checkpoint at stop: %s", self.name, exc)
 
+    def _hyperparameter_gauges(self) -> None:
+        """Gauges ``hp/<name>``: the perturbable hyperparameters' values now (PBT)."""
+        prefix = LearnerStat.HYPERPARAMETER_PREFIX
+        for k in getattr(type(self.algo), "perturbable", None) or {}:
+            self.gauges[f"{prefix}{k}"] = float(getattr(self.algo.config, k))
+
     async def on_adopt(self, ev: AdoptState) -> None:
         """A PBT exploit: adopt ``ev``'s state now, or right after the update in flight."""
         self._adopt_wanted = ev
@@ -160,12 +169,13 @@ class LearnerState(Service):
         self.version += 1
         self.counters[LearnerStat.LEARNER_UPDATES] = self.version
         self.counters[LearnerStat.PBT_ADOPTED] += 1
-        prefix = LearnerStat.HYPERPARAMETER_PREFIX
-        self.gauges.update({f"{prefix}{k}": float(v) for k, v in ev.hyperparameters.items()})
+        self._hyperparameter_gauges()
         log.info(
             "%s: adopted %s's state (its v%d) as v%d with %s",
             self.full_name, ev.source, ev.source_version, self.version, ev.hyperparameters,
         )  # fmt: skip
         if self.index == 0:
             await self._publish_weights()
+            if self.config.checkpoint.enabled:  # a restart resumes from what it adopted
+                await self._checkpoint()
         self.report_soon()

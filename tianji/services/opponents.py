@@ -6,8 +6,9 @@ keeps the newest ``[selfplay] pool_size`` as policies of their own (the algorith
 once more per snapshot, its weights loaded once). The league service sends the opponent
 probabilities (:class:`DrawOpponents`); at every game's start an env asks
 :meth:`OpponentPool.draw` for its opponent: a held snapshot drawn by those probabilities
-(renormalized over the held ones), the newest held snapshot while the league has sent
-none, and the uniform random player before the first snapshot. The game's result names
+or one of the fixed opponents mixed into training (``[selfplay] train_opponents``; the
+probabilities renormalized over what it holds), the newest held snapshot while the league
+has sent none, and the uniform random player before the first snapshot. The game's result names
 the opponent it was actually played against, so the ratings stay right when an actor
 (e.g. restarted) lacks a snapshot the league would have drawn.
 """
@@ -42,9 +43,17 @@ class OpponentPool:
     """
 
     def __init__(
-        self, make_policy: Callable[[], Any], *, pool_size: int, explore: bool, seed: int
+        self,
+        make_policy: Callable[[], Any],
+        *,
+        pool_size: int,
+        explore: bool,
+        seed: int,
+        fixed: Sequence[Opponent] = (),
     ) -> None:
         self.make_policy = make_policy
+        self.fixed = {o.id: o for o in fixed}
+        """Fixed opponents mixed into training (``[selfplay] train_opponents``), by id."""
         self.pool_size = pool_size
         self.explore = explore
         self.rng = np.random.default_rng([seed, 11])
@@ -70,7 +79,7 @@ class OpponentPool:
         """The next game's opponent (see the module doc)."""
         if not self.held:
             return self.random
-        ids = [i for i in self.probabilities if i in self.held]
+        ids = [i for i in self.probabilities if i in self.held or i in self.fixed]
         if ids:
             p = np.array([self.probabilities[i] for i in ids], np.float64)
             if p.sum() > 0:
@@ -78,7 +87,9 @@ class OpponentPool:
                 return self._opponent(sid)
         return self._opponent(next(reversed(self.held)))
 
-    def _opponent(self, sid: str) -> PolicyOpponent:
+    def _opponent(self, sid: str) -> Opponent:
+        if sid in self.fixed:
+            return self.fixed[sid]
         policy, explore = self.held[sid], self.explore
         return PolicyOpponent(sid, lambda obs: policy.act(obs, explore=explore)["action"])
 

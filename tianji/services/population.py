@@ -16,7 +16,7 @@ from typing import Any
 
 from tianji.runtime.controller import Send
 from tianji.runtime.events import Event, Heartbeat
-from tianji.runtime.scope import full_name, local_view, scope_of, split_name
+from tianji.runtime.scope import ScopedViews, full_name, local_view, scope_of, split_name
 from tianji.services.balancer import Balancer
 
 __all__ = ["PopulationBalancer"]
@@ -27,14 +27,23 @@ class PopulationBalancer:
 
     Args:
         members: scope -> that member's balancer.
+        heartbeats, registry: the members' views of the controller's heartbeats and
+            registry (shared with the run's member views, :class:`ScopedViews`).
     """
 
     roles = Balancer.ROLES
 
-    def __init__(self, members: Mapping[str, Balancer]) -> None:
+    def __init__(
+        self,
+        members: Mapping[str, Balancer],
+        heartbeats: ScopedViews[Heartbeat] | None = None,
+        registry: ScopedViews[Any] | None = None,
+    ) -> None:
         if not members:
             raise ValueError("a population needs at least one member")
         self.members = dict(members)
+        self.heartbeat_views = heartbeats or ScopedViews()
+        self.registry_views = registry or ScopedViews()
 
     def attach(self, send: Send) -> None:
         """Each member's commands go to its services' full names."""
@@ -42,8 +51,9 @@ class PopulationBalancer:
             balancer.attach(_scoped_send(send, scope))
 
     async def update(self, heartbeats: Mapping[str, Heartbeat], live: Mapping[str, Any]) -> None:
+        beats, alive = self.heartbeat_views.of(heartbeats), self.registry_views.of(live)
         for scope, balancer in self.members.items():
-            await balancer.update(local_view(heartbeats, scope), local_view(live, scope))
+            await balancer.update(beats.get(scope, {}), alive.get(scope, {}))
 
     def gauges(self) -> dict[str, float]:
         """The members' balance gauges, summed (rates, paused producers, decisions)."""

@@ -70,7 +70,7 @@ function linePlot(svg, series, xlabel, zeroY) {
       for (const [x, y] of s.points) el("circle", { class: "point c" + i, cx: sx(x), cy: sy(y), r: 2.5 }, g);
     } else if (s.points.length > 0) {
       const pts = s.points.map(([x, y]) => sx(x).toFixed(1) + "," + sy(y).toFixed(1)).join(" ");
-      el("polyline", { class: "c" + i, points: pts, "data-series": s.name, "data-points": s.points.length }, svg);
+      el("polyline", { class: "c" + (i % 8), points: pts, "data-series": s.name, "data-points": s.points.length }, svg);
     }
   });
 }
@@ -133,10 +133,36 @@ function drawMetrics(m) {
   linePlot(document.getElementById("plot-eval"), [
     { name: "eval_return", points: evals },
   ], "policy version", false);
+  drawMembers(m.rows);
   linePlot(document.getElementById("plot-balance"), [
     { name: "production_per_s", points: column(m.rows, "t", "production_per_s") },
     { name: "consumption_per_s", points: column(m.rows, "t", "consumption_per_s") },
   ], "seconds", true);
+}
+
+// A population run: one line per member (its mean return over its own env steps), in the
+// colours c0 ... c7 (repeating past 8 members), with a legend; hidden for one policy.
+function drawMembers(rows) {
+  const last = rows.length ? rows[rows.length - 1].members : null;
+  const figure = document.getElementById("members-figure");
+  figure.hidden = !last;
+  if (!last) return;
+  const names = Object.keys(last).sort();
+  const series = names.map((name) => ({
+    name: name,
+    points: rows
+      .filter((r) => r.members && r.members[name] && r.members[name].mean_return !== null)
+      .map((r) => [r.members[name].env_steps, r.members[name].mean_return]),
+  }));
+  const legend = document.getElementById("members-legend");
+  legend.replaceChildren();
+  names.forEach((name, i) => {
+    const item = document.createElement("span");
+    item.className = "c" + (i % 8);
+    item.textContent = "— " + name + " ";
+    legend.appendChild(item);
+  });
+  linePlot(document.getElementById("plot-members"), series, "env steps (each member's)", false);
 }
 
 const COUNTERS = [
