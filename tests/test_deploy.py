@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -159,10 +161,18 @@ def test_listening_beyond_loopback_needs_a_token(monkeypatch: pytest.MonkeyPatch
     require_token("tcp://0.0.0.0:7000", None)
 
 
-def test_the_config_digest_ignores_stop_conditions_only() -> None:
-    base = load_config(PPO, [])
-    assert config_digest(base) == config_digest(load_config(PPO, ["stop.max_seconds=5"]))
-    assert config_digest(base) != config_digest(load_config(PPO, ["actors.count=3"]))
+def test_the_config_digest_ignores_stop_conditions_and_host_local_settings_only() -> None:
+    base = config_digest(load_config(PPO, []))
+    assert base == config_digest(load_config(PPO, ["stop.max_seconds=5"]))
+    host_local = [
+        'learner.device="cpu"', "learner.torch_threads=2", "actors.torch_threads=2",
+        'inference.device="cpu"', "inference.torch_threads=3", "ray.num_cpus={learner = 2}",
+    ]  # fmt: skip
+    for setting in host_local:  # one host's own device, threads or placement: accepted
+        assert base == config_digest(load_config(PPO, [setting])), setting
+    assert base == config_digest(load_config(PPO, host_local))
+    for setting in ["actors.count=3", "algo.lr=0.001", "learner.count=2", "seed=7"]:
+        assert base != config_digest(load_config(PPO, [setting])), setting  # the math: refused
 
 
 def test_a_service_that_never_joins_fails_the_run_naming_it() -> None:
@@ -185,6 +195,22 @@ def tianji(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
     )
 
 
+def _dashboard(ctl: subprocess.Popen[str]) -> str:
+    """The URL of a ``tianji controller``'s dashboard, from its output."""
+    assert ctl.stdout is not None
+    for _ in range(20):
+        line = ctl.stdout.readline()
+        if line.startswith("dashboard: "):
+            return line.split(" ", 1)[1].strip()
+    raise AssertionError("no dashboard line")
+
+
+def _joined(status_url: str, name: str) -> bool:
+    with urllib.request.urlopen(status_url, timeout=10) as response:
+        services = json.loads(response.read().decode())["services"]
+    return any(s["name"] == name and s["state"] not in ("waiting", "left") for s in services)
+
+
 @pytest.mark.slow
 def test_a_service_with_another_config_or_the_wrong_token_is_refused_and_exits_2() -> None:
     port = free_tcp_port()
@@ -200,6 +226,17 @@ def test_a_service_with_another_config_or_the_wrong_token_is_refused_and_exits_2
         assert odd.returncode == 2, out
         assert "refused" in out and "differs from the controller's" in out
         assert "restart 1 (" not in out, out  # a refusal is final, even with --restart
+        # a host's own threads (a host-local setting, outside the digest) are accepted
+        status = _dashboard(ctl) + "api/status"
+        own = tianji("serve", "actor", PPO, "--controller", f"tcp://127.0.0.1:{port}",
+                     "--set", "actors.torch_threads=2", env={"TIANJI_TOKEN": "right"})  # fmt: skip
+        deadline = time.monotonic() + 60
+        while not _joined(status, "actor-0"):
+            assert own.poll() is None and time.monotonic() < deadline, own.communicate()[0]
+            time.sleep(0.3)
+        own.terminate()
+        out, _ = own.communicate(timeout=30)
+        assert "refused" not in out and "differs" not in out, out
         started = time.monotonic()
         intruder = tianji("serve", "actor", PPO, "--controller", f"tcp://127.0.0.1:{port}",
                           env={"TIANJI_TOKEN": "wrong"})  # fmt: skip

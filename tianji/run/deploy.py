@@ -21,7 +21,9 @@ Every service registers its TCP address and, where the shared-memory transport e
 second shared-memory listener; the controller hands each subscriber the shared-memory
 address of publishers on its own host (same host and network namespace) and the TCP
 address of the others. The controller refuses a service whose config differs from its
-own (a digest of the run config, stop conditions and run directory aside).
+own (a digest of the run config, stop conditions, run directory and the host-local
+settings of :data:`HOST_LOCAL` aside: devices, torch threads and Ray placement may differ
+from host to host).
 
 ``tianji serve ... --restart N`` keeps the service alive on its host: it runs in a child
 process that is started again when it dies, up to N times within any ``--restart-period``
@@ -45,7 +47,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import Any, Final, TextIO
 
 from tianji import transports
 from tianji.dashboard import launch_plan
@@ -62,6 +64,7 @@ from tianji.runtime.loop import dump_tasks, run
 from tianji.runtime.service import Service
 
 __all__ = [
+    "HOST_LOCAL",
     "config_digest",
     "listen_where",
     "route_source",
@@ -73,11 +76,32 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
+HOST_LOCAL: Final = (
+    "actors.torch_threads",
+    "learner.device",
+    "learner.torch_threads",
+    "inference.device",
+    "inference.torch_threads",
+    "ray",
+)
+"""Settings that do not change the math of a run (where it computes, with how many threads,
+how Ray places it): each host of a hand deployment may set its own (``tianji serve ...
+--set learner.device=cuda:1``); they are outside :func:`config_digest`."""
+
+
 def config_digest(config: RunConfig) -> str:
-    """What must be equal between the controller's and every service's config."""
+    """What must be equal between the controller's and every service's config: all of it
+    but the stop conditions and the run directory (the controller's business) and the
+    host-local settings (:data:`HOST_LOCAL`)."""
     data = to_dict(config)
     data.pop("stop", None)  # only the controller decides when to stop
     data.pop("run_dir", None)  # and writes the run directory
+    for key in HOST_LOCAL:
+        section, _, field = key.partition(".")
+        if not field:
+            data.pop(section, None)
+        elif isinstance(data.get(section), dict):
+            data[section].pop(field, None)
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
