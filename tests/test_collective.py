@@ -131,3 +131,14 @@ def test_bad_group_settings_are_refused_naming_them() -> None:
     with pytest.raises(ConfigError, match=f"127.0.0.1:{where.port}"):
         host_rendezvous("127.0.0.1", 1, port=where.port)  # taken
     del store
+
+
+@pytest.mark.slow
+def test_the_allreduce_bench_runs_both_ways_and_every_learner_ends_with_the_same_bytes() -> None:
+    from tianji.bench.allreduce import markdown, measure
+
+    report = measure([2], params=10_000, steps=3, warmup=1)
+    (row,) = report["rows"]
+    assert row["alltoall"]["identical"] and row["collective"]["identical"], row
+    assert row["alltoall"]["ms_per_step_median"] > 0 and row["ratio"] > 0
+    assert "| 2 | 10000 |" in markdown(report)

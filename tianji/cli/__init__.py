@@ -117,10 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds per (transport, payload) cell, after a short warm-up (default 1)",
     )
     b.set_defaults(func=_cmd_bench_transport)
-    from tianji.bench import chaos, lag, memory, scale_report, throughput_report
+    from tianji.bench import allreduce, chaos, lag, memory, scale_report, throughput_report
     from tianji.bench import train as bench_train
 
     bench_train.add_parser(bench)
+    allreduce.add_parser(bench)
     throughput_report.add_parser(bench)
     scale_report.add_parser(bench)
     lag.add_parser(bench)
