@@ -181,7 +181,12 @@ class CollectiveGroup:
                 [t.numel() for t in tensors], tensors[0].element_size(), self.bucket_bytes
             )
         ]
-        flats = [torch.cat([t.reshape(-1) for t in group]) for group in flat_groups]
+        flats = [  # a bucket of one contiguous tensor travels as it is, without a copy
+            group[0].view(-1)
+            if len(group) == 1 and group[0].is_contiguous()
+            else torch.cat([t.reshape(-1) for t in group])
+            for group in flat_groups
+        ]
         try:
             works = [self.pg.allreduce([flat]) for flat in flats]
             for work in works:
@@ -192,6 +197,8 @@ class CollectiveGroup:
             ) from exc
         for flat, group in zip(flats, flat_groups, strict=True):
             flat.div_(self.world)
+            if flat.data_ptr() == group[0].data_ptr() and len(group) == 1:
+                continue  # reduced in place
             offset = 0
             for t in group:
                 n = t.numel()
