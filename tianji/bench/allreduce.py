@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["add_parser", "measure"]
+__all__ = ["add_parser", "measure", "run_way"]
 
 
 def _digest(values: np.ndarray) -> str:
@@ -44,23 +44,29 @@ def _collective_worker(job: dict[str, Any]) -> dict[str, Any]:
     from tianji.services.collective import CollectiveGroup, Rendezvous, host_rendezvous
 
     rank, world = int(job["rank"]), int(job["world"])
+    device = str(job.get("device", "cpu"))
     torch.set_num_threads(1)
+    if device == "cuda":  # one GPU per learner
+        torch.cuda.set_device(rank)
     store = None
     if rank == 0:
         store, _ = host_rendezvous("127.0.0.1", world, port=int(job["port"]))
     group = CollectiveGroup(
-        rank, world, Rendezvous("127.0.0.1", int(job["port"])), store=store, timeout_s=120
-    )
-    source = torch.from_numpy(_vector(rank, int(job["params"])))
+        rank, world, Rendezvous("127.0.0.1", int(job["port"])), store=store, timeout_s=120,
+        backend=str(job.get("backend", "gloo")),
+    )  # fmt: skip
+    source = torch.from_numpy(_vector(rank, int(job["params"]))).to(device)
     times = []
     grad = source.clone()
     for step in range(int(job["warmup"]) + int(job["steps"])):
         grad.copy_(source)
         started = time.perf_counter()
         group.all_reduce_mean([grad])
+        if device == "cuda":
+            torch.cuda.synchronize()
         if step >= int(job["warmup"]):
             times.append(time.perf_counter() - started)
-    return {"times": times, "digest": _digest(grad.numpy())}
+    return {"times": times, "digest": _digest(grad.cpu().numpy())}
 
 
 async def _alltoall_worker(job: dict[str, Any]) -> dict[str, Any]:
@@ -117,14 +123,31 @@ def _worker() -> int:
     return 0
 
 
-def _run_way(way: str, world: int, params: int, steps: int, warmup: int) -> dict[str, Any]:
+def run_way(
+    way: str,
+    world: int,
+    params: int,
+    steps: int,
+    warmup: int,
+    *,
+    device: str = "cpu",
+    backend: str = "gloo",
+) -> dict[str, Any]:
+    """One way (``"alltoall"`` or ``"collective"``) with ``world`` learner processes: the
+    slowest learner's milliseconds per step and whether they all ended with the same
+    bytes. ``device``/``backend`` are the collective's (``"cuda"``/``"nccl"``: one GPU per
+    learner, ``benchmarks/gpu_check.py``).
+
+    Raises:
+        RuntimeError: naming the learner process that failed.
+    """
     from tianji.testing import free_tcp_port
 
     port = free_tcp_port()
     procs = []
     for rank in range(world):
         job = {"way": way, "rank": rank, "world": world, "port": port, "params": params,
-               "steps": steps, "warmup": warmup}  # fmt: skip
+               "steps": steps, "warmup": warmup, "device": device, "backend": backend}  # fmt: skip
         proc = subprocess.Popen(
             [sys.executable, "-m", "tianji.bench.allreduce", "--worker"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -156,7 +179,7 @@ def measure(
         row: dict[str, Any] = {"learners": world, "params": params}
         for way in ("alltoall", "collective"):
             print(f"K={world}: {way} ...", file=out, flush=True)
-            row[way] = _run_way(way, world, params, steps, warmup)
+            row[way] = run_way(way, world, params, steps, warmup)
         row["ratio"] = round(
             row["collective"]["ms_per_step_median"] / row["alltoall"]["ms_per_step_median"], 3
         )
