@@ -323,15 +323,18 @@ def status(
     counters = now.to_json()
     del counters["t"], counters["env_steps_per_s"]
     counters["samples_dropped"] = dropped_by_reason(beats)
-    balance = balancer.metrics(beats) if (balancer := balancer_of(controller)) is not None else None
-    books = accounting(beats, on_policy)
-    if members:
+    balance: dict[str, Any] | None
+    if members:  # each member's books and balance, from its own view
         per_member = {m: member_status(view, on_policy) for m, (view, _) in members.items()}
         books = {
             "balanced": all(m["accounting"]["balanced"] for m in per_member.values()),
             "members": {m: row["accounting"] for m, row in per_member.items()},
         }
         balance = {"members": {m: row["controller"] for m, row in per_member.items()}}
+    else:
+        books = accounting(beats, on_policy)
+        balancer = balancer_of(controller)
+        balance = balancer.metrics(beats) if balancer is not None else None
     return {
         "run_id": controller.run_id,
         "title": title,
