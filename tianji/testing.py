@@ -6,12 +6,12 @@ import asyncio
 import logging
 import os
 import signal
-import socket
 from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
 from tianji.runtime.loop import run
+from tianji.runtime.plugins import free_tcp_port
 
 __all__ = [
     "LISTEN_ADDRESSES",
@@ -37,14 +37,6 @@ def run_async(coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
         return await asyncio.wait_for(coro, timeout)
 
     return run(guarded())
-
-
-def free_tcp_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def processes_with_arg(*args: str) -> list[int]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import socket
 import statistics
 import subprocess
 import sys
@@ -29,14 +28,6 @@ from typing import Any
 import numpy as np
 
 __all__ = ["add_parser", "measure", "run_way"]
-
-
-def _free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (the learners' meeting point)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _digest(values: np.ndarray) -> str:
@@ -150,7 +141,9 @@ def run_way(
     Raises:
         RuntimeError: naming the learner process that failed.
     """
-    port = _free_port()
+    from tianji.runtime.plugins import free_tcp_port
+
+    port = free_tcp_port()  # the learners' meeting point
     procs = []
     for rank in range(world):
         job = {"way": way, "rank": rank, "world": world, "port": port, "params": params,

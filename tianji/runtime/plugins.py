@@ -15,6 +15,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import importlib.util
+import socket
 import sys
 from collections.abc import Mapping
 from importlib.metadata import entry_points
@@ -27,12 +28,21 @@ from tianji.runtime.errors import ConfigError, RegistryError
 __all__ = [
     "Registry",
     "TRANSPORTS",
+    "free_tcp_port",
     "load_factory",
     "register_transport",
     "split_address",
     "transport",
     "transport_for",
 ]
+
+
+def free_tcp_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
 
 
 def load_factory(spec: str) -> Any:
