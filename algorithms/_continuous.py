@@ -20,7 +20,15 @@ import numpy as np
 import torch
 from tianji.algorithms._base import AlgorithmBase, Spaces
 from tianji.algorithms._export import GreedyPolicy
-from tianji.algorithms._nets import adam, box_obs_problem, flat_dim, gradient_step, mlp, obs_tensor
+from tianji.algorithms._nets import (
+    adam,
+    box_obs_problem,
+    flat_dim,
+    gradient_step,
+    host_to_device,
+    mlp,
+    obs_tensor,
+)
 from tianji.algorithms._replay import OffPolicyConfig, n_step_transitions
 from torch import nn
 
@@ -208,7 +216,7 @@ class ContinuousBase(AlgorithmBase):
         return (
             self._obs(batch["obs"]),
             self.scale.to_unit(batch["action"]),
-            torch.as_tensor(batch["reward"], dtype=torch.float32, device=dev),
-            torch.as_tensor(batch["discount"], dtype=torch.float32, device=dev),
+            host_to_device(batch["reward"], dev, torch.float32),
+            host_to_device(batch["discount"], dev, torch.float32),
             self._obs(batch["next_obs"]),
         )

@@ -183,14 +183,28 @@ class MaskedNetwork(nn.Module):
         return masked_head(self.net(obs), obs, self.n)
 
 
+def host_to_device(
+    array: Any, device: torch.device | str, dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """A host array as a tensor on ``device``. On CUDA it goes through pinned (page-locked)
+    host memory with a ``non_blocking`` copy, so the copy does not stall the host thread
+    and overlaps the work queued before it; on the CPU it is ``torch.as_tensor`` (no copy
+    where the dtype already fits)."""
+    tensor = torch.as_tensor(np.asarray(array), dtype=dtype)
+    if torch.device(device).type != "cuda":
+        return tensor
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
 def obs_tensor(obs: np.ndarray, device: torch.device, *, image: bool = False) -> torch.Tensor:
     """``obs [B, ...]`` as the network's input on ``device``: a float32 ``[B, D]`` tensor
     for an MLP; for an ``image`` network the array as it is (uint8 pixels travel to the
-    device as bytes, and :class:`NatureCNN` scales them there)."""
+    device as bytes, and :class:`NatureCNN` scales them there). On CUDA through pinned
+    memory (:func:`host_to_device`)."""
     if image:
-        return torch.as_tensor(np.asarray(obs), device=device)
+        return host_to_device(obs, device)
     flat = np.asarray(obs).reshape(len(obs), -1)
-    return torch.as_tensor(flat, dtype=torch.float32, device=device)
+    return host_to_device(flat, device, torch.float32)
 
 
 TORSOS = ("auto", "mlp", "nature")
@@ -409,7 +423,9 @@ def gradient_step(
 def sync_gradients(params: Sequence[nn.Parameter], sync: GradientSync) -> None:
     """Replace the gradients of ``params`` by what ``sync`` makes of them, flattened.
 
-    All gradients travel as one float32 vector (in ``params`` order) and come back
+    A hook that reduces tensors in place on their device
+    (:class:`tianji.services.collective.CollectiveSync`) gets them as they are. Otherwise
+    all gradients travel as one float32 vector (in ``params`` order) and come back
     averaged over the data-parallel learners. A parameter without a gradient contributes
     zeros and gets the averaged gradient, so every learner steps every parameter alike.
 
@@ -420,6 +436,12 @@ def sync_gradients(params: Sequence[nn.Parameter], sync: GradientSync) -> None:
         p.grad if p.grad is not None else torch.zeros_like(p, memory_format=torch.contiguous_format)
         for p in params
     ]
+    in_place = getattr(sync, "all_reduce_tensors", None)  # a collective on their device type
+    if in_place is not None and all(g.device.type == sync.device_type for g in grads):  # type: ignore[attr-defined]
+        in_place(grads)
+        for p, g in zip(params, grads, strict=True):
+            p.grad = g
+        return
     flat = torch.cat([g.detach().reshape(-1).to("cpu", torch.float32) for g in grads])
     out = np.asarray(sync(flat.numpy()), dtype=np.float32)
     if out.shape != (flat.numel(),):

@@ -150,22 +150,22 @@ class DQN(QLearner):
     def update(self, batch: Mapping[str, np.ndarray]) -> UpdateResult:
         """One gradient step on a replay batch; returns metrics and, if prioritized, priorities."""
         c, dev = self.config, self.device
-        action = torch.as_tensor(batch["action"], dtype=torch.int64, device=dev)
+        action = nets.host_to_device(batch["action"], dev, torch.int64)
         q = self.q(nets.obs_tensor(batch["obs"], dev, image=self.image))
         q_taken = q.gather(1, (action - self.action_start)[:, None]).squeeze(1)
         with torch.no_grad():
             next_obs = nets.obs_tensor(batch["next_obs"], dev, image=self.image)
             next_target = self.q_target(next_obs)
             target = double_dqn_target(
-                torch.as_tensor(batch["reward"], dtype=torch.float32, device=dev),
-                torch.as_tensor(batch["discount"], dtype=torch.float32, device=dev),
+                nets.host_to_device(batch["reward"], dev, torch.float32),
+                nets.host_to_device(batch["discount"], dev, torch.float32),
                 self.q(next_obs) if c.double else next_target,
                 next_target,
             )
         td = q_taken - target
         weight = None
         if "weight" in batch:
-            weight = torch.as_tensor(batch["weight"], dtype=torch.float32, device=dev)
+            weight = nets.host_to_device(batch["weight"], dev, torch.float32)
         loss = td_loss(q_taken, target, c.huber_delta, weight)
         grad_norm = self._gradient_step(loss)
         self._count_update()

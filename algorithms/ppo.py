@@ -39,6 +39,7 @@ from tianji.algorithms._losses import Objective, kl_stats, normalized, ppo_objec
 from tianji.algorithms._nets import (
     box_obs_problem,
     flat_dim,
+    host_to_device,
     obs_tensor,
     seeded_init,
 )
@@ -362,9 +363,9 @@ class PPO(OnPolicyAlgorithm):
         obs = self._input(flat(batch["obs"]))
         if self.continuous:
             raw = flat(batch["raw_action"]).reshape(len(obs), -1)
-            return obs, torch.as_tensor(raw, dtype=torch.float32, device=self.device)
+            return obs, host_to_device(raw, self.device, torch.float32)
         index = flat(batch["action"]).astype(np.int64) - self.action_start
-        return obs, torch.as_tensor(index, device=self.device)
+        return obs, host_to_device(index, self.device)
 
     def _critic_pass(
         self, batch: Mapping[str, np.ndarray], obs: torch.Tensor, action: torch.Tensor
@@ -412,7 +413,7 @@ class PPO(OnPolicyAlgorithm):
         return arr if self.returns is None else self.returns.denormalize(arr)
 
     def _tensor(self, x: np.ndarray) -> torch.Tensor:
-        return torch.as_tensor(flat(x), dtype=torch.float32, device=self.device)
+        return host_to_device(flat(x), self.device, torch.float32)
 
     def _unroll_batch(
         self, batch: Mapping[str, np.ndarray], obs: torch.Tensor, action: torch.Tensor

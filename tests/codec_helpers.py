@@ -25,6 +25,7 @@ from tianji.rl.events import (
     ParamsPublished,
     PolicyEvaluated,
     PrioritiesUpdated,
+    RendezvousOffered,
     RestoreCheckpoint,
     SampleBatch,
     SnapshotTaken,
@@ -235,6 +236,9 @@ def _rl_samples() -> list[Event]:
             policy_version=17,
             arrays={"obs": np.ones((4, 3), np.float32), "action": np.arange(4)},
             policy_versions=np.array([15, 16, 16, 17], np.int64),
+        ),
+        RendezvousOffered(
+            learner="learner-0", host="10.0.0.2", port=29500, backend="gloo", generation=3
         ),
         GradientsShared(
             learner="learner-1",

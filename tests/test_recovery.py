@@ -293,8 +293,17 @@ class Run:
         raise AssertionError("no dashboard line")
 
     def status(self) -> Any:
-        with urllib.request.urlopen(self.url, timeout=10) as response:
-            return json.loads(response.read().decode())
+        try:
+            with urllib.request.urlopen(self.url, timeout=10) as response:
+                return json.loads(response.read().decode())
+        except OSError as exc:  # (URLError too) the run is gone: say how it ended
+            if self.proc.poll() is None:
+                raise
+            out, _ = self.proc.communicate()
+            raise AssertionError(
+                f"the run ended (exit {self.proc.returncode}) before the test was done: "
+                f"{exc}\n{out[-3000:]}"
+            ) from exc
 
     def wait_for(self, ok: Callable[[Any], Any], timeout: float) -> Any:
         deadline = time.monotonic() + timeout

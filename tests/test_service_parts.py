@@ -203,7 +203,7 @@ def test_the_controller_link_registers_watches_and_hands_on_what_the_controller_
             encode=WIRE.encode, decode=WIRE.decode,
             registration=lambda: registration, watched=lambda: [ARRAYS],
             heartbeat=lambda: beat,
-            on_registered=lambda run_id: seen.append(("registered", run_id)),
+            on_registered=lambda ev: seen.append(("registered", ev.run_id)),
             on_publishers=lambda t, addresses: seen.append(("publishers", t, addresses)),
             on_command=on_command,
             stop=lambda reason: seen.append(("stop", reason)),

@@ -1,7 +1,8 @@
 """``tianji bench allreduce``: one gradient all-reduce step of K data-parallel learners, two
 ways side by side in one run: tianji's all-to-all over its own TCP transport
-(:mod:`tianji.services.allreduce`, what the learners use today) and PyTorch's collective
-(gloo, :mod:`tianji.services.collective`).
+(:mod:`tianji.services.allreduce`) and PyTorch's collective (gloo,
+:mod:`tianji.services.collective`); the learners take the faster one for their gradient's
+size (``learner.allreduce = "auto"``, :mod:`tianji.services.learner_sync`).
 
 For each K (``--learners 2 4``) it starts K learner processes per way on this host, each
 holding a float32 gradient of ``--params`` values (10 M: a 10 M-parameter network), and

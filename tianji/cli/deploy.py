@@ -29,7 +29,7 @@ def _add_security_options(p: Any) -> None:
 def add_deploy_parsers(sub: Any) -> None:
     """Add ``tianji controller`` and ``tianji serve`` to the CLI's subparsers."""
     p = sub.add_parser("controller", help="run the controller of a run deployed by hand")
-    add_run_options(p)
+    add_run_options(p, resume=True)
     p.add_argument("--bind", default="tcp://127.0.0.1:7000", help="tcp://HOST:PORT to listen on")
     p.add_argument("--advertise", metavar="HOST", help="the host services use to reach us")
     p.add_argument("--join-timeout", type=float, help="fail if not all joined by then (s)")
@@ -95,6 +95,7 @@ def _cmd_controller(args: Any) -> int:
         summary_path=args.summary,
         metrics_path=args.metrics,
         dashboard=args.dashboard,
+        resume=args.resume,
     )
     print(json.dumps(summary, indent=2))
     return 0

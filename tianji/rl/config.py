@@ -199,8 +199,17 @@ class LearnerConfig:
     """Data-parallel learners (K): each samples its own batches, they average gradients every
     optimizer step and so hold identical weights; learner-0 publishes them."""
     sync_timeout: float = 60.0
-    """Seconds a learner waits at a gradient all-reduce step for its peers (K > 1) before it
-    fails naming the peer that did not answer."""
+    """Seconds a learner waits at a gradient all-reduce step for its peers (K > 1), and
+    for the group to form, before it fails naming the peers and the step."""
+    allreduce: str = "auto"
+    """K > 1: how the learners average gradients. "collective": PyTorch's process group
+    (gloo; NCCL when learner-0 computes on CUDA); "transport": each learner publishes its
+    gradient to the others over tianji's transports (no per-call latency, K - 1 copies);
+    "auto": the collective on CUDA or when (K - 1) x parameters >= 2 M, else the transport
+    (the faster one in ``docs/scaling.md``)."""
+    rendezvous_port: int = 0
+    """K > 1: the port learner-0's rendezvous store listens on (0: a free one). The learners
+    of a hand deployment across hosts must reach it, and each other's gloo/NCCL ports."""
 
     def __post_init__(self) -> None:
         positive("learner", self, ("torch_threads", "prefetch", "count"))
@@ -212,6 +221,11 @@ class LearnerConfig:
             raise ConfigError("learner.max_policy_lag", self.max_policy_lag, "an int >= 0")
         if not self.sync_timeout > 0:
             raise ConfigError("learner.sync_timeout", self.sync_timeout, "a number of seconds > 0")
+        if self.allreduce not in ("auto", "collective", "transport"):
+            expected = '"auto", "collective" or "transport"'
+            raise ConfigError("learner.allreduce", self.allreduce, expected)
+        if type(self.rendezvous_port) is not int or not 0 <= self.rendezvous_port <= 65535:
+            raise ConfigError("learner.rendezvous_port", self.rendezvous_port, "a port 0..65535")
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

@@ -25,6 +25,7 @@ __all__ = [
     "ParamsPublished",
     "PolicyEvaluated",
     "PrioritiesUpdated",
+    "RendezvousOffered",
     "GrantProduction",
     "SampleBatch",
     "TrajectoryCollected",
@@ -225,6 +226,20 @@ class GradientsShared(Event):
     step: int
     grads: np.ndarray
     digest: str
+
+
+@event
+class RendezvousOffered(Event):
+    """Fact: data-parallel learner-0 hosts the gradient collective's rendezvous store at
+    ``host:port`` for group ``generation``, with ``backend`` (``"gloo"`` or ``"nccl"``);
+    the other learners join it (:mod:`tianji.services.collective`). A late subscriber gets
+    it at once."""
+
+    learner: str
+    host: str
+    port: int
+    backend: str
+    generation: int
 
 
 @event

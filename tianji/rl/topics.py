@@ -18,6 +18,7 @@ from tianji.rl.events import (
     ParamsPublished,
     PolicyEvaluated,
     PrioritiesUpdated,
+    RendezvousOffered,
     RestoreCheckpoint,
     SampleBatch,
     SnapshotTaken,
@@ -50,6 +51,7 @@ __all__ = [
     "LATEST_PARAMS",
     "LEARNER_PARAMS",
     "PRIORITIES",
+    "RENDEZVOUS",
     "REQUESTS",
     "TRAJECTORIES",
 ]
@@ -78,6 +80,8 @@ SNAPSHOTS = topic(SnapshotTaken)
 """Self-play: league snapshots, from the parameter service to actors and the league."""
 GAMES = topic(GamesPlayed)
 """Self-play: the outcomes of actors' games, to the league."""
+RENDEZVOUS = topic(RendezvousOffered)
+"""Learner-0 -> the other data-parallel learners: where their collective's group meets."""
 OPPONENTS = topic(DrawOpponents)
 """Self-play: the opponent probabilities, from the league to actors."""
 

@@ -79,6 +79,7 @@ log = logging.getLogger(__name__)
 HOST_LOCAL: Final = (
     "actors.torch_threads",
     "learner.device",
+    "learner.rendezvous_port",
     "learner.torch_threads",
     "inference.device",
     "inference.torch_threads",
@@ -238,16 +239,21 @@ def run_controller(
     metrics_path: str | None = None,
     out: TextIO = sys.stdout,
     dashboard: str | None = None,
+    resume: str | None = None,
 ) -> dict[str, Any]:
     """Run the controller and monitor of a run whose services join from anywhere
-    (and the live dashboard at ``dashboard``, ``HOST:PORT``, when given).
+    (and the live dashboard at ``dashboard``, ``HOST:PORT``, when given). With ``resume``
+    (a run directory) the run continues from its newest checkpoint: every service is told
+    so when it registers, and the learners wait for the checkpoint's state, which the
+    monitor sends them (replay buffers start empty).
 
     Raises:
         ConfigError: for a bad config or bind address, before anything listens.
+        CheckpointError: when ``resume`` holds no usable checkpoint.
         ServiceFailed: when a service never joined, or left and did not come back.
     """
     host = _host_of(bind)
-    plan = RunPlan.build(config, out, metrics_path)
+    plan = RunPlan.build(config, out, metrics_path, resume)
     plan.dashboard = dashboard
     monitor_bind = f"tcp://{'[' + host + ']' if ':' in host else host}:0"
     launcher = HostLauncher(
@@ -267,10 +273,12 @@ def run_controller(
     launcher.controller.advertise = advertise
     launcher.controller.run_digest = config_digest(config)
     launcher.controller.reincarnated = _resume_reincarnated(plan, launcher, out)
+    launcher.controller.resuming = plan.resume is not None
     print(
         f"tianji controller: run of {config.algorithm} on {config.env.id}; waiting for "
         f"{', '.join(s.name for s in plan.specs)}; controller bind {bind}"
-        + (f", advertised as {advertise}" if advertise else ""),
+        + (f", advertised as {advertise}" if advertise else "")
+        + (f"; resuming {resume}" if resume else ""),
         file=out,
         flush=True,
     )

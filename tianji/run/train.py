@@ -8,16 +8,18 @@ import os
 import secrets
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, TextIO
 
 from tianji.dashboard import launch_plan
 from tianji.launch.base import Launcher
 from tianji.launch.local import LocalLauncher
+from tianji.launch.spec import ServiceSpec
 from tianji.rl.config import RunConfig
 from tianji.run.plan import RunPlan, bind_addresses
 from tianji.run.population import PopulationPlan
 from tianji.runtime.errors import ConfigError, ServiceFailed
+from tianji.services.devices import resolve_device
 
 __all__ = ["run_token", "train"]
 
@@ -96,6 +98,19 @@ def _finish_failed(
         log.debug("the failed run's record is written: %s", exc)
 
 
+def _check_devices(config: RunConfig, specs: Sequence[ServiceSpec]) -> None:
+    """Every learner and inference service started on this host gets a device it has
+    (each checks again where it runs: a Ray node or another host may have others).
+
+    Raises:
+        ConfigError: naming the first service and its device this host lacks.
+    """
+    wanted = {"learner": config.learner.device, "inference": config.inference.device}
+    for spec in specs:
+        if spec.role in wanted:
+            resolve_device(spec.name, wanted[spec.role], index=int(spec.options.get("index", 0)))
+
+
 def _launcher(backend: str, plan: RunPlan | PopulationPlan) -> Launcher:
     """The launcher of ``backend`` for a planned run (checked before anything starts).
 
@@ -106,6 +121,7 @@ def _launcher(backend: str, plan: RunPlan | PopulationPlan) -> Launcher:
     control_bind = bind_addresses(config.transport)[1]
     launch = plan.launch_plan(control_bind)
     if backend == "local":
+        _check_devices(config, launch.specs)
         return LocalLauncher(launch, in_process=config.transport == "inproc")
     if backend != "ray":
         raise ConfigError("backend", backend, "local or ray")

@@ -146,6 +146,8 @@ class Controller(Service):
         for plugin in self.plugins:
             plugin.attach(self._command)
         self.run_id = run_id or uuid.uuid4().hex[:12]
+        self.resuming = False
+        """The run continues from a checkpoint: told to every service that registers."""
         self.run_digest = ""  # when set, services registering another digest are refused
         self._plugins_wanted = asyncio.Event()
         self.plugin_updates = 0  # plug-in update rounds so far
@@ -362,7 +364,8 @@ class Controller(Service):
         )
         self._by_conn[conn] = record
         log.info("registered %s (%s) at %s", ev.name, ev.role, ev.address)
-        await self._tell(conn, ServiceRegistered(name=ev.name, run_id=self.run_id))
+        registered = ServiceRegistered(name=ev.name, run_id=self.run_id, resuming=self.resuming)
+        await self._tell(conn, registered)
         changed = before ^ set(ev.publishes)
         if old is not None and (old.address, old.local_address) != (
             ev.address,

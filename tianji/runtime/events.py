@@ -225,10 +225,12 @@ class RegisterService(Event):
 
 @event
 class ServiceRegistered(Event):
-    """Fact: the controller accepted a registration."""
+    """Fact: the controller accepted a registration. ``resuming``: the run continues from a
+    checkpoint (``tianji controller --resume``), so a service with state waits for it."""
 
     name: str
     run_id: str
+    resuming: bool = False
 
 
 @event

@@ -89,7 +89,7 @@ class ControllerLink:
         registration: the service's ``RegisterService`` now.
         watched: the topics the service subscribes to now.
         heartbeat: the service's heartbeat now.
-        on_registered: called with the run id once the controller registered the service.
+        on_registered: called with the controller's :class:`ServiceRegistered`.
         on_publishers: called with a topic and its publishers' addresses.
         on_command: called with every other controller event.
         stop, fail: stop the service (refused handshakes), fail it (controller unreachable).
@@ -108,7 +108,7 @@ class ControllerLink:
         registration: Callable[[], RegisterService],
         watched: Callable[[], Collection[str]],
         heartbeat: Callable[[], Heartbeat],
-        on_registered: Callable[[str], None],
+        on_registered: Callable[[ServiceRegistered], None],
         on_publishers: Callable[[str, Sequence[str]], None],
         on_command: Callable[[Event], Awaitable[None]],
         stop: Callable[[str], None],
@@ -235,7 +235,7 @@ class ControllerLink:
             self._on_publishers(ev.topic, ev.addresses)
         elif isinstance(ev, ServiceRegistered):
             self.registered.set()
-            self._on_registered(ev.run_id)
+            self._on_registered(ev)
         elif isinstance(ev, Shutdown):
             self._stop(ev.reason)
         else:

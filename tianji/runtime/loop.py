@@ -4,16 +4,27 @@ waits whose timeout is an answer, not an error (:func:`wait_set`, :func:`finishe
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sys
+import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TextIO, TypeVar
 
 from tianji.runtime.errors import ConfigError
 
-__all__ = ["dump_tasks", "finished_within", "loop_factory", "run", "wait_set"]
+__all__ = [
+    "dump_tasks",
+    "finished_within",
+    "in_daemon_thread",
+    "loop_factory",
+    "run",
+    "wait_set",
+]
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 
 def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -99,3 +110,32 @@ def dump_tasks(name: str, out: TextIO | None = None) -> None:
                 print(f"    {code.co_filename}:{frame.f_lineno} {code.co_qualname}", file=out)
             aw = getattr(aw, "cr_await", None) or getattr(aw, "gi_yieldfrom", None)
     out.flush()
+
+
+async def in_daemon_thread(fn: Callable[[], T], name: str = "tianji-blocking") -> T:
+    """``fn()`` in a daemon thread of its own, awaited. Unlike ``run_in_executor``, a task
+    that is cancelled while ``fn`` blocks (e.g. joining a process group that waits for its
+    peers) leaves the thread behind without the loop's shutdown waiting for it."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(ok: bool, value: Any) -> None:
+        if not future.done():
+            (future.set_result if ok else future.set_exception)(value)
+
+    def hand_over(ok: bool, value: Any) -> None:
+        try:
+            loop.call_soon_threadsafe(settle, ok, value)
+        except RuntimeError as exc:  # a closed loop: nobody waits any more
+            log.debug("%s: its result has nobody to go to: %s", name, exc)
+
+    def work() -> None:
+        try:
+            result = fn()
+        except BaseException as exc:  # handed to the awaiting task
+            hand_over(False, exc)
+        else:
+            hand_over(True, result)
+
+    threading.Thread(target=work, name=name, daemon=True).start()
+    return await future

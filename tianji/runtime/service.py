@@ -52,6 +52,7 @@ from tianji.runtime.events import (
     Event,
     Heartbeat,
     RegisterService,
+    ServiceRegistered,
     WatchTopics,
     topic,
 )
@@ -128,6 +129,7 @@ class Service:
         self.gauges: dict[str, float] = {}
         self.stop_reason = ""
         self.run_id = ""
+        self.resuming = False  # the run continues from a checkpoint (said at registration)
         self._state = ServiceState.CREATED
         limits = self.options.limits
         wire = Messages(Codec(max_frame_bytes=limits.max_frame_bytes, max_frames=limits.max_frames))
@@ -442,8 +444,8 @@ class Service:
         if self._state is ServiceState.STARTING and self._controller.complete():
             self._set_state(ServiceState.READY)
 
-    def _on_registered(self, run_id: str) -> None:
-        self.run_id = run_id
+    def _on_registered(self, ev: ServiceRegistered) -> None:
+        self.run_id, self.resuming = ev.run_id, ev.resuming
         self._check_ready()
 
     def _on_publishers(self, name: str, addresses: Sequence[str]) -> None:

@@ -17,8 +17,10 @@ the group is then rebuilt under a new ``generation`` (a fresh key prefix in the 
 store), so a restarted learner joins a group of its own generation and never meets the
 dead one's leftovers.
 
-This module is the collective itself; the learner service does not use it yet (it still
-runs :mod:`tianji.services.allreduce`). Usage::
+The learner service forms the group when its learners average this way
+(:mod:`tianji.services.learner_sync`) and installs :class:`CollectiveSync` as its
+algorithm's ``gradient_sync``; learner-0 hands the others the :class:`Rendezvous` as an
+event. Usage::
 
     store, where = host_rendezvous("10.0.0.2", world=2)        # learner-0
     group = CollectiveGroup(0, 2, where, store=store)          # (others: without store)
@@ -29,22 +31,29 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from collections.abc import Sequence
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from tianji.runtime.errors import ConfigError, SyncFailed
+from tianji.services.allreduce import weights_digest
 
 __all__ = [
     "DEFAULT_BUCKET_BYTES",
     "CollectiveGroup",
+    "CollectiveSync",
     "Rendezvous",
     "buckets",
     "host_rendezvous",
     "pick_backend",
 ]
+
+log = logging.getLogger(__name__)
 
 _c10d: Any = dist  # (TCPStore, PrefixStore and the process groups are not in its stubs)
 
@@ -123,6 +132,8 @@ class CollectiveGroup:
         rendezvous: where the group meets (from learner-0's :func:`host_rendezvous`).
         store: learner-0's own store (the others connect to ``rendezvous``).
         backend: ``"gloo"`` or ``"nccl"`` (:func:`pick_backend`).
+        host: this learner's own address, where its peers reach it (gloo; ``""``: the
+            address its host name resolves to, which a multi-homed host may get wrong).
         timeout_s: how long a step or the joining waits for the slowest peer.
         bucket_bytes: the largest flat buffer of one collective call.
 
@@ -138,6 +149,7 @@ class CollectiveGroup:
         *,
         store: Any = None,
         backend: str = "gloo",
+        host: str = "",
         timeout_s: float = 60.0,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     ) -> None:
@@ -148,6 +160,7 @@ class CollectiveGroup:
         self.rank, self.world, self.rendezvous, self.backend = rank, world, rendezvous, backend
         self.name = f"learner-{rank}"
         self.steps = 0
+        self.seconds = 0.0  # spent in collective calls (waiting for peers included)
         self.bucket_bytes = bucket_bytes
         timeout = datetime.timedelta(seconds=timeout_s)
         where = f"{rendezvous.host}:{rendezvous.port}"
@@ -162,7 +175,12 @@ class CollectiveGroup:
                 options = _c10d.ProcessGroupNCCL.Options()
                 self.pg: Any = _c10d.ProcessGroupNCCL(scoped, rank, world, options)
             else:
-                self.pg = _c10d.ProcessGroupGloo(scoped, rank, world, timeout)
+                options = _c10d.ProcessGroupGloo._Options()
+                options._timeout = timeout
+                gloo = _c10d.ProcessGroupGloo
+                device = gloo.create_device(hostname=host) if host else gloo.create_default_device()
+                options._devices = [device]
+                self.pg = _c10d.ProcessGroupGloo(scoped, rank, world, options)
         except RuntimeError as exc:
             raise SyncFailed(self.name, 0, [where], f"cannot join the group: {exc}") from exc
 
@@ -175,6 +193,8 @@ class CollectiveGroup:
         step, self.steps = self.steps, self.steps + 1
         if not tensors:
             return
+        if self.pg is None:
+            raise SyncFailed(self.name, step, self._peers(), "this learner left the group")
         flat_groups = [
             [tensors[i] for i in group]
             for group in buckets(
@@ -187,14 +207,18 @@ class CollectiveGroup:
             else torch.cat([t.reshape(-1) for t in group])
             for group in flat_groups
         ]
+        started = time.perf_counter()
         try:
             works = [self.pg.allreduce([flat]) for flat in flats]
             for work in works:
                 work.wait()
         except RuntimeError as exc:
+            self.close()  # broken for good; an unaborted group can abort the process at exit
             raise SyncFailed(
                 self.name, step, self._peers(), f"the collective failed: {exc}"
             ) from exc
+        finally:
+            self.seconds += time.perf_counter() - started
         for flat, group in zip(flats, flat_groups, strict=True):
             flat.div_(self.world)
             if flat.data_ptr() == group[0].data_ptr() and len(group) == 1:
@@ -205,9 +229,82 @@ class CollectiveGroup:
                 t.copy_(flat[offset : offset + n].view_as(t))
                 offset += n
 
+    def check_same(self, digest: bytes) -> None:
+        """Compare ``digest`` (of this learner's weights) with every peer's (one
+        all-gather, before the step it names).
+
+        Raises:
+            SyncFailed: naming the learners whose digest differs from learner-0's.
+        """
+        step = self.steps  # (a check is no optimizer step: it does not count as one)
+        mine = torch.frombuffer(bytearray(digest), dtype=torch.uint8)
+        if self.backend == "nccl":
+            mine = mine.to(torch.device("cuda", torch.cuda.current_device()))
+        gathered = [torch.empty_like(mine) for _ in range(self.world)]
+        try:
+            self.pg.allgather([gathered], [mine]).wait()
+        except RuntimeError as exc:
+            self.close()
+            why = f"the collective failed: {exc}"
+            raise SyncFailed(self.name, step, self._peers(), why) from exc
+        reference = gathered[0].cpu()
+        differ = [
+            f"learner-{k}" for k, g in enumerate(gathered) if not torch.equal(g.cpu(), reference)
+        ]
+        if differ:
+            raise SyncFailed(self.name, step, differ, "weights differ from learner-0's")
+
     def _peers(self) -> list[str]:
         return [f"learner-{k}" for k in range(self.world) if k != self.rank]
 
     def close(self) -> None:
-        """Leave the group (its peers' next step fails; they rebuild it)."""
-        self.pg = None
+        """Leave the group: a step of ours blocked in another thread fails at once, and
+        the peers' next step fails (they rebuild the group)."""
+        pg, self.pg = self.pg, None
+        if pg is not None:
+            try:
+                pg.abort()
+            except RuntimeError as exc:  # already broken
+                log.debug("%s: the group was broken already: %s", self.name, exc)
+
+
+class CollectiveSync:
+    """A learner's ``gradient_sync`` hook (:data:`~tianji.rl.algorithm.GradientSync`) on a
+    :class:`CollectiveGroup`.
+
+    Called with a flat float32 vector it returns the group's mean of it. Algorithms that
+    hold their gradients as tensors on the group's device type (the CPU for gloo, CUDA
+    for NCCL) hand them over as they are (:meth:`all_reduce_tensors`, in place, in
+    buckets) instead: nothing is copied to host memory. At the first step and every
+    ``digest_every`` steps it first checks that every learner holds the same weights
+    (``weights()``, hashed).
+    """
+
+    def __init__(
+        self,
+        group: CollectiveGroup,
+        weights: Callable[[], Mapping[str, np.ndarray]],
+        *,
+        digest_every: int = 100,
+    ) -> None:
+        self.group = group
+        self.device_type = "cuda" if group.backend == "nccl" else "cpu"
+        self._weights = weights
+        self.digest_every = digest_every
+        self.calls = 0
+
+    def __call__(self, flat: np.ndarray) -> np.ndarray:
+        out = np.array(flat, dtype=np.float32, copy=True).reshape(-1)
+        tensor = torch.from_numpy(out)
+        if self.device_type == "cuda":
+            tensor = tensor.to(torch.device("cuda", torch.cuda.current_device()))
+        self.all_reduce_tensors([tensor])
+        return tensor.cpu().numpy() if self.device_type == "cuda" else out
+
+    def all_reduce_tensors(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Replace each tensor in place by the group's mean of it."""
+        if self.calls % self.digest_every == 0:
+            self.group.check_same(bytes.fromhex(weights_digest(self._weights())))
+        self.calls += 1
+        self.group.all_reduce_mean(tensors)
+

@@ -41,6 +41,7 @@ from tianji.runtime.board import Lease
 from tianji.runtime.loop import wait_set
 from tianji.runtime.service import Service
 from tianji.services.common import make_algorithm, parse_run_config
+from tianji.services.devices import resolve_device
 
 __all__ = ["InferenceService"]
 
@@ -74,7 +75,8 @@ class InferenceService(Service):
         actors = [f"actor-{i}" for i in range(cfg.actors.count) if i % inference.count == index]
         super().__init__(name, publishes=[actions_topic(a) for a in actors], **kwargs)
         self.config = cfg
-        self.algo = make_algorithm(cfg, seed=cfg.seed + index, device=inference.device)
+        self.device = resolve_device(name, inference.device, index=index)
+        self.algo = make_algorithm(cfg, seed=cfg.seed + index, device=self.device)
         self.obs_shape = _observation_shape(cfg)
         self.policy_version = -1
         self.batch_requests = inference.batch_requests or max(1, len(actors))

@@ -7,8 +7,10 @@ it consumes (learner version at consumption minus the sample's behaviour version
 
 With ``learner.count = K > 1`` there are K data-parallel learners ``learner-0..K-1``:
 each asks the buffer for its own batches, and they average their gradients at every
-optimizer step (:mod:`tianji.services.allreduce`), so all hold identical weights;
-only ``learner-0`` publishes them.
+optimizer step (:mod:`tianji.services.learner_sync`: PyTorch's collectives, or tianji's
+own all-to-all for small gradients), so all hold identical weights; only ``learner-0``
+publishes them. Each learner computes on its own device
+(:func:`tianji.services.devices.resolve_device`).
 
 Learner-0 also takes the checkpoints (``[checkpoint]``): every ``every_updates`` updates
 or ``every_seconds`` seconds it packs its algorithm's whole state between two updates and
@@ -20,14 +22,12 @@ run's learners (``restore=True``) wait for the state to continue from
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from tianji.rl.algorithm import SupportsGradientSync
 from tianji.rl.books import Inbox
 from tianji.rl.events import (
     AdoptState,
@@ -44,11 +44,11 @@ from tianji.rl.stats import BookStat, Dropped, LearnerStat
 from tianji.rl.topics import (
     CHECKPOINTS,
     LEARNER_PARAMS,
+    RENDEZVOUS,
     REQUESTS,
     RESTORE,
     batches_topic,
     buffer_name,
-    gradients_topic,
     learner_name,
     priorities_topic,
     shards_of_learner,
@@ -56,9 +56,9 @@ from tianji.rl.topics import (
 from tianji.runtime.core import Connection
 from tianji.runtime.errors import ConfigError, SyncFailed
 from tianji.runtime.events import Event
-from tianji.services.allreduce import AllReduce, weights_digest
 from tianji.services.common import apply_run_options, check_lr, make_algorithm, parse_run_config
-from tianji.services.learner_state import LearnerState
+from tianji.services.devices import resolve_device
+from tianji.services.learner_sync import LearnerSync, sync_topics
 from tianji.services.numbered import take_numbered
 from tianji.services.update_runner import UpdateRunner
 
@@ -67,7 +67,7 @@ __all__ = ["LagStats", "LearnerService"]
 log = logging.getLogger(__name__)
 
 
-class LearnerService(LearnerState):
+class LearnerService(LearnerSync):
     """One learner process (``index`` of ``learner.count``; see the module docstring).
 
     It consumes only what the controller grants (:class:`GrantConsumption`: a limit on
@@ -79,7 +79,8 @@ class LearnerService(LearnerState):
 
     Raises:
         ConfigError: for an ``index`` outside ``learner.count``, a name other than
-            ``learner-<index>`` or an algorithm without ``gradient_sync`` when K > 1.
+            ``learner-<index>``, an algorithm without ``gradient_sync`` when K > 1, or a
+            device this host does not have (naming the learner).
     """
 
     role = "learner"
@@ -105,12 +106,12 @@ class LearnerService(LearnerState):
         self.config = run
         self.index = index
         apply_run_options(self, self.config)
+        self._check_data_parallel(name, index, count)
+        self.device = resolve_device(name, self.config.learner.device, index=index)
         # Every learner is built from the run's seed: identical initial weights (checked
         # at the first all-reduce step).
-        self.algo = make_algorithm(
-            self.config, seed=self.config.seed, device=self.config.learner.device
-        )
-        self.allreduce = self._make_allreduce(name, index, count)
+        self.algo = make_algorithm(self.config, seed=self.config.seed, device=self.device)
+        self._setup_sync(name, index, count)
         self.version = 0
         self._published: ParamsPublished | None = None  # the newest weights published
         spec = self.algo.buffer_spec()
@@ -136,66 +137,28 @@ class LearnerService(LearnerState):
         self.gauges[LearnerStat.IDLE_S] = 0.0  # for a batch (none buffered)
         self.gauges[LearnerStat.UPDATE_S] = 0.0  # in updates
         self.subscribe(batches_topic(name), self.on_batch)
-        self._restored: asyncio.Event | None = None
-        if restore:
-            self._restored = asyncio.Event()
-            self.subscribe(RESTORE, self.on_restore)
+        # A resumed run's learners wait for the state to continue from: restarted ones
+        # (restore), and in a hand deployment those told so at registration (resuming).
+        self._restore_wanted = restore
+        self._restored = asyncio.Event()
+        self.subscribe(RESTORE, self.on_restore)
         self._checkpointed = (0, 0.0)  # (version, loop time) of the last checkpoint
         self._updating = False  # an update runs in the worker thread: the state is in flux
         self._checkpoint_wanted = False  # requested during an update: take it right after
 
     def _topics(self, name: str, index: int, count: int) -> list[str]:
         """What this learner publishes: batch requests, priorities to its shards; learner-0
-        also the weights and checkpoints; with K > 1 its gradients."""
+        also the weights and checkpoints; with K > 1 what the gradient sync needs."""
         topics = [REQUESTS, *sorted(set(self._priorities.values()))]
         topics += [LEARNER_PARAMS, CHECKPOINTS] if index == 0 else []
-        if count > 1:
-            topics.append(gradients_topic(name))
-        return topics
+        return topics + sync_topics(name, index, count)
 
-    def _make_allreduce(self, name: str, index: int, count: int) -> AllReduce | None:
+    @staticmethod
+    def _check_data_parallel(name: str, index: int, count: int) -> None:
         if not 0 <= index < count:
             raise ConfigError("learner index", index, f"in [0, learner.count={count})")
-        if count == 1:
-            return None
-        if name != learner_name(index):
+        if count > 1 and name != learner_name(index):
             raise ConfigError("learner name", name, f"{learner_name(index)!r} (index {index})")
-        if not isinstance(self.algo, SupportsGradientSync):
-            raise ConfigError(
-                "learner.count",
-                count,
-                f"1: algorithm {self.config.algorithm!r} has no gradient_sync",
-            )
-        allreduce = AllReduce(
-            name,
-            index=index,
-            count=count,
-            publish=lambda ev: self.publish(ev, gradients_topic(name)),
-            timeout=self.config.learner.sync_timeout,
-            counters=self.counters,
-        )
-        for peer in allreduce.peers.values():
-            self.subscribe(gradients_topic(peer), allreduce.received)
-        return allreduce
-
-    def _install_gradient_sync(self, allreduce: AllReduce) -> None:
-        """Give the algorithm a hook that runs each all-reduce step on the event loop and
-        blocks the update's worker thread until it is done (bounded: the step times out)."""
-        loop = asyncio.get_running_loop()
-        bound = self.config.learner.sync_timeout + 10.0
-
-        def sync(flat: np.ndarray) -> np.ndarray:
-            digest = weights_digest(self.algo.get_weights()) if allreduce.wants_digest() else ""
-            future = asyncio.run_coroutine_threadsafe(allreduce.reduce(flat, digest), loop)
-            try:
-                return future.result(bound)
-            except concurrent.futures.TimeoutError:
-                future.cancel()
-                raise SyncFailed(
-                    self.name, allreduce.step, [], "event loop did not answer"
-                ) from None
-
-        self.algo.gradient_sync = sync
 
     async def on_batch(self, ev: SampleBatch) -> None:
         n = int(ev.policy_versions.size)
@@ -270,41 +233,45 @@ class LearnerService(LearnerState):
 
     async def on_subscribed(self, conn: Connection, topics: Sequence[str]) -> None:
         """A parameter service that subscribes after weights were published (it restarted)
-        gets the newest ones at once: they are its whole state."""
+        gets the newest ones at once: they are its whole state. A peer learner that
+        subscribes after the rendezvous was offered gets the offer."""
         if LEARNER_PARAMS in topics and self._published is not None:
             await self.send_to_subscriber(conn, self._published, LEARNER_PARAMS)
             self.counters["params_resent"] += 1
+        if RENDEZVOUS in topics and self.index == 0 and self._offer is not None:
+            await self.send_to_subscriber(conn, self._offer, RENDEZVOUS)
 
     async def main(self) -> None:
         learner = self.config.learner
+        parallel = learner.count > 1
         self.runner = UpdateRunner(
             self.name,
             threads=learner.torch_threads,
-            inline=self.allreduce is None and self.algo.buffer_spec().kind != "rollout",
+            inline=not parallel and self.algo.buffer_spec().kind != "rollout",
             inline_below_ms=learner.inline_below_ms,
         )
-        if self._restored is not None and not await self._wait_restored():
+        if self._waits_for_restore() and not await self._wait_restored():
             return
         self._checkpointed = (self.version, asyncio.get_running_loop().time())
         if self.index == 0:
             await self.wait_subscribers(LEARNER_PARAMS)  # the params service
             await self._publish_weights()
         self.report_soon()  # the controller balances on our version from the start
-        if self.allreduce is not None:
-            self._install_gradient_sync(self.allreduce)
-            await self.wait_subscribers(gradients_topic(self.name), self.allreduce.count - 1)
-        await self.wait_subscribers(REQUESTS, self.config.buffer.shards)  # every buffer
-        await self._request(self.config.learner.prefetch)
         try:
+            if parallel:
+                await self._start_sync()
+            await self.wait_subscribers(REQUESTS, self.config.buffer.shards)  # every buffer
+            await self._request(self.config.learner.prefetch)
             while True:
                 self._current = await self._next_batch()
                 await self._learn(self._current)
                 self._current = None
-        except SyncFailed as exc:
+        except (SyncFailed, ConfigError) as exc:
             self.fail(str(exc))
         finally:
             self._closing = True
             self._checkpoint_at_stop()
+            self._close_sync()
             self.runner.close()
             # everything still held (queued, current, or waiting for room in the queue) is
             # dropped at stop: counted from the held count, which covers all three
@@ -382,9 +349,7 @@ class LearnerService(LearnerState):
         self.gauges.update(result.metrics)
         check_lr(self, result.metrics.get("lr"), self.version)
         self.gauges[LearnerStat.POLICY_LAG_MEAN] = float(lags.mean()) if n else 0.0
-        if self.allreduce is not None:
-            self.gauges["allreduce_wait_s"] = self.allreduce.wait_s
-            self.counters["allreduce/steps"] = self.allreduce.step
+        self._report_sync()
         self.report_soon()
         await self._request(1)
         if result.priorities is not None and "index" in batch.arrays:

@@ -44,7 +44,8 @@ class LearnerState(Service):
     algo: Any
     index: int
     version: int
-    _restored: asyncio.Event | None
+    _restored: asyncio.Event
+    _restore_wanted: bool
     _checkpointed: tuple[int, float]
     _updating: bool
     _checkpoint_wanted: bool
@@ -55,9 +56,9 @@ class LearnerState(Service):
         raise NotImplementedError
 
     async def on_restore(self, ev: RestoreCheckpoint) -> None:
-        """Continue from a checkpoint's state (once; a repeat is counted and ignored)."""
-        assert self._restored is not None
-        if self._restored.is_set():
+        """Continue from a checkpoint's state (once; a repeat, or a state this learner does
+        not wait for, is counted and ignored)."""
+        if self._restored.is_set() or not self._waits_for_restore():
             self.counters["restores_ignored"] += 1
             return
         try:
@@ -73,8 +74,11 @@ class LearnerState(Service):
         self._hyperparameter_gauges()
         self._restored.set()
 
+    def _waits_for_restore(self) -> bool:
+        """Started to continue a run (a restart, or a run resumed by its controller)."""
+        return self._restore_wanted or self.resuming
+
     async def _wait_restored(self) -> bool:
-        assert self._restored is not None
         try:
             await asyncio.wait_for(self._restored.wait(), self.RESTORE_TIMEOUT_S)
         except TimeoutError:
