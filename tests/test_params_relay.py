@@ -33,7 +33,7 @@ def record(name: str, role: str, locality: str) -> Any:
     )
 
 
-def test_subscribers_are_told_their_hosts_relay_and_the_relay_the_origin() -> None:
+def test_subscribers_are_told_one_relay_of_their_host_and_the_relay_the_origin() -> None:
     ctl = Controller(bind="inproc://")
     ctl.registry = {
         "params-0": record("params-0", "params", "A"),
@@ -43,6 +43,9 @@ def test_subscribers_are_told_their_hosts_relay_and_the_relay_the_origin() -> No
     assert ctl.publishers(LATEST_PARAMS, "B", relay=True) == ("tcp://params-0:1",)
     assert ctl.publishers(LATEST_PARAMS, "C") == ("tcp://params-0:1",)  # no relay on C
     assert ctl.publishers(LATEST_PARAMS, "A") == ("shm://params-0",)
+    ctl.registry["relay-0"] = record("relay-0", RELAY_ROLE, "B")  # a second relay on B
+    assert ctl.publishers(LATEST_PARAMS, "B") == ("shm://relay-0",)  # one of them, never both
+    del ctl.registry["relay-0"]
     del ctl.registry["relay-1"]  # the relay left: back to the origin
     assert ctl.publishers(LATEST_PARAMS, "B") == ("tcp://params-0:1",)
 

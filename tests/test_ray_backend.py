@@ -35,6 +35,28 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 PPO = EXAMPLES / "cartpole_ppo.toml"
 
 
+def test_a_ray_address_nobody_answers_at_is_refused_at_once_naming_it() -> None:
+    # (Ray itself retries such an address for many minutes)
+    ray = pytest.importorskip("ray")
+    from tianji.launch.ray import _check_reachable
+    from tianji.testing import free_tcp_port
+
+    address = f"127.0.0.1:{free_tcp_port()}"
+    with pytest.raises(ConfigError) as info:
+        _check_reachable(address)
+    assert (info.value.key, info.value.value) == ("ray.address", address)
+    if ray.is_initialized():  # (the module's local Ray, when an earlier test started it)
+        return
+    launcher = RayLauncher(
+        [ServiceSpec(name="learner-0", factory="tianji.run.demo:Consumer")],
+        until=lambda c: False,
+        address=address,
+    )
+    with pytest.raises(ConfigError) as info:
+        run_launcher(launcher)
+    assert (info.value.key, info.value.value) == ("ray.address", address)
+
+
 @pytest.fixture(scope="module")
 def local_ray() -> Iterator[ModuleType]:
     ray = pytest.importorskip("ray")
@@ -234,6 +256,14 @@ def test_a_run_that_cannot_be_placed_is_refused_before_it_starts(local_ray: Modu
     with pytest.raises(ConfigError) as info:
         run_launcher(launcher)
     assert (info.value.key, info.value.value) == ("ray.num_gpus", 1.0)
+    launcher = RayLauncher(
+        [ServiceSpec(name="learner-0", factory="tianji.run.demo:Consumer")],
+        until=lambda c: False,
+        resources=RayConfig(custom_resources={"learner": {"trainer": 1}}),  # no node has it
+    )
+    with pytest.raises(ConfigError) as info:
+        run_launcher(launcher)
+    assert (info.value.key, info.value.value) == ("ray.custom_resources", "trainer = 1 in all")
 
 
 @pytest.mark.slow
@@ -245,7 +275,7 @@ def test_stop_reaches_a_service_actor_while_it_runs(local_ray: ModuleType) -> No
     actor = local_ray.remote(ServiceActor).options(max_concurrency=2, num_cpus=0.1).remote()
     spec = ServiceSpec(name="relay-0", factory="tianji.run.demo:Relay")  # no controller needed
     done = actor.run.remote(spec.to_json())
-    assert local_ray.get(actor.pid.remote(), timeout=60) > 0
+    assert local_ray.get(actor.where.remote(), timeout=60)[0] > 0
     ready, _ = local_ray.wait([done], timeout=1.0)
     assert ready == []  # still running
     local_ray.get(actor.stop.remote("test"), timeout=30)

@@ -201,6 +201,12 @@ class Launcher:
         self._quick_deaths: dict[str, int] = {}  # deaths in a row, each soon after its birth
         self._windows: dict[str, RestartWindow] = {}  # each service's recent restarts
 
+    @property
+    def placement(self) -> dict[str, str]:
+        """The node each service runs on, where the launcher places services on nodes
+        (Ray: service name -> node IP); empty for launchers of one host."""
+        return {}
+
     # ------------------------------------------------------------------ for subclasses
     async def _spawn(self, spec: ServiceSpec) -> Handle:
         """Start one service (``spec.controller`` is already filled in)."""

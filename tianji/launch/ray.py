@@ -38,16 +38,20 @@ Usage::
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import logging
 import os
 import signal
+import socket
 import threading
+import time
 from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
 from tianji.launch.base import Handle, Launcher, LaunchPlan
+from tianji.launch.ray_nodes import Node, relay_specs
 from tianji.launch.spec import ServiceSpec, build_service
 from tianji.rl.config_ops import RayConfig
 from tianji.runtime.errors import ConfigError, ServiceFailed
@@ -118,9 +122,11 @@ class ServiceActor:
         self._service: Service | None = None
         self._stop_reason: str | None = None
 
-    def pid(self) -> int:
-        """This actor's process id (answering also proves it was placed and started)."""
-        return os.getpid()
+    def where(self) -> tuple[int, str, str]:
+        """This actor's process id, node id and node IP (answering also proves it was
+        placed and started)."""
+        ray = import_ray()
+        return os.getpid(), ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
 
     def run(self, spec_json: dict[str, Any]) -> int:
         """Build the service from its JSON spec and run it; 0 on a clean stop, 1 on failure."""
@@ -174,17 +180,44 @@ def _advertise_node(spec: ServiceSpec) -> ServiceSpec:
 class _RayActor:
     """The launcher's handle on one service actor (see :class:`~tianji.launch.base.Handle`)."""
 
-    def __init__(self, spec: ServiceSpec, actor: Any, ray: ModuleType) -> None:
+    def __init__(
+        self, spec: ServiceSpec, actor: Any, ray: ModuleType, placement_timeout: float
+    ) -> None:
         self.spec = spec
         self.actor = actor
         self.exit_note = ""
         self.pid: int | None = None
+        self.node: Node | None = None  # once it answered where it runs
         self._ray = ray
-        self._task = asyncio.create_task(self._result(actor.run.remote(spec.to_json())))
+        self.placed = asyncio.ensure_future(self._where())
+        ref = actor.run.remote(spec.to_json())
+        self._task = asyncio.create_task(self._result(ref, placement_timeout))
 
-    async def _result(self, ref: Any) -> int:
+    async def _where(self) -> None:
+        """Learn where the actor runs (a dead one never answers: that is reported by
+        :meth:`wait`)."""
         try:
-            return int(await asyncio.wrap_future(ref.future()))
+            pid, node_id, ip = await asyncio.wrap_future(self.actor.where.remote().future())
+        except self._ray.exceptions.RayError as exc:
+            log.debug("%s: not placed: %s", self.spec.name, _first_line(exc))
+            return
+        self.pid, self.node = int(pid), Node(str(node_id), str(ip))
+
+    async def _result(self, ref: Any, placement_timeout: float) -> int:
+        """The service's exit code; an actor that Ray could not place in time (a restart
+        after its node was lost, with no other node that has what it reserves) is killed
+        and counts as dead (``-1``), so the restart limit ends what cannot run."""
+        run = asyncio.ensure_future(asyncio.wrap_future(ref.future()))
+        done, _ = await asyncio.wait(
+            {run, self.placed}, timeout=placement_timeout, return_when=asyncio.FIRST_COMPLETED
+        )
+        if not done:
+            self.exit_note = f"not placed by Ray within {placement_timeout:g}s"
+            self.kill()
+            run.cancel()
+            return -1
+        try:
+            return int(await run)
         except self._ray.exceptions.RayActorError as exc:
             self.exit_note = "Ray actor died: " + _first_line(exc)
             return -9
@@ -210,6 +243,25 @@ class _RayActor:
             self._ray.kill(self.actor, no_restart=True)
         except Exception as exc:  # already gone, or Ray is shutting down
             log.debug("%s: ray.kill: %r", self.spec.name, exc)
+
+
+def _check_reachable(address: str, timeout: float = 5.0) -> None:
+    """A ``HOST:PORT`` Ray address must accept a TCP connection: Ray itself would retry an
+    unreachable one for many minutes before it gives up (``auto`` and ``ray://`` addresses
+    are left to Ray).
+
+    Raises:
+        ConfigError: naming the address, when nothing answers there within ``timeout``.
+    """
+    host, sep, port = address.rpartition(":")
+    if "://" in address or not sep or not port.isdigit():
+        return
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            pass
+    except OSError as exc:
+        why = f"a Ray cluster reachable here (nothing answers at {address}: {exc})"
+        raise ConfigError("ray.address", address, why) from None
 
 
 def _first_line(exc: BaseException) -> str:
@@ -259,12 +311,29 @@ class RayLauncher(Launcher):
         self.multi_host = False
         self._started_ray = False
         self._actor_class: Any = None
+        self._pinned: dict[str, str] = {}  # relay -> the node id it belongs on
+
+    @property
+    def placement(self) -> dict[str, str]:
+        """The node IP each service runs on (those that answered where they run)."""
+        return {
+            name: h.node.ip
+            for name, h in sorted(self.children.items())
+            if isinstance(h, _RayActor) and h.node is not None
+        }
 
     async def _open(self) -> None:
         ray = self._ray
         if not ray.is_initialized():
             address = self.address or os.environ.get("RAY_ADDRESS") or None
-            ray.init(address=address or "local", include_dashboard=False)
+            if address is not None:
+                _check_reachable(address)
+            try:
+                ray.init(address=address or "local", include_dashboard=False)
+            except (ConnectionError, ValueError) as exc:
+                raise ConfigError(
+                    "ray.address", address, f"a Ray cluster reachable here ({_first_line(exc)})"
+                ) from None
             self._started_ray = address is None
         elif self.address:
             log.warning("Ray is already initialized here; ray address %s not used", self.address)
@@ -277,15 +346,28 @@ class RayLauncher(Launcher):
         self._actor_class = ray.remote(ServiceActor)
 
     def _check_capacity(self) -> None:
-        """Refuse a run whose reservations exceed the whole cluster (it could never start)."""
+        """Refuse a run whose reservations exceed the whole cluster (it could never start),
+        naming the resource (CPUs, GPUs or a custom resource of ``ray.custom_resources``)."""
         total = self._ray.cluster_resources()
-        for kind, index in (("CPU", 0), ("GPU", 1)):
-            wanted = sum(self.resources.resources(role_of(s))[index] for s in self.specs)
-            if wanted > total.get(kind, 0.0) + 1e-9:
-                key = f"ray.num_{kind.lower()}s"
-                raise ConfigError(
-                    key, wanted, f"at most the cluster's {total.get(kind, 0.0):g} {kind}s in all"
-                )
+        wanted: collections.defaultdict[str, float] = collections.defaultdict(float)
+        for spec in self.specs:
+            cpus, gpus = self.resources.resources(role_of(spec))
+            wanted["CPU"] += cpus
+            wanted["GPU"] += gpus
+            for name, amount in self.resources.custom(role_of(spec)).items():
+                wanted[name] += amount
+        for name, amount in wanted.items():
+            has = float(total.get(name, 0.0))
+            if amount <= has + 1e-9:
+                continue
+            if name in ("CPU", "GPU"):
+                key = f"ray.num_{name.lower()}s"
+                raise ConfigError(key, amount, f"at most the cluster's {has:g} {name}s in all")
+            raise ConfigError(
+                "ray.custom_resources",
+                f"{name} = {amount:g} in all",
+                f"at most the {has:g} the cluster's nodes offer (ray start --resources)",
+            )
 
     async def _spawn(self, spec: ServiceSpec) -> Handle:
         cpus, gpus = self.resources.resources(role_of(spec))
@@ -294,42 +376,91 @@ class RayLauncher(Launcher):
         env = {k: os.environ[k] for k in _PASSED_ENV if os.environ.get(k)}
         incarnation = self.controller.restarts[spec.name]  # counted before a restart
         suffix = f"-r{incarnation}" if incarnation else ""
-        actor = self._actor_class.options(
-            name=f"tianji-{self.controller.run_id}-{spec.name}{suffix}",
-            num_cpus=cpus,
-            num_gpus=gpus,
-            max_concurrency=2,  # run() holds one thread; stop() needs the other
-            max_restarts=0,
-            runtime_env={"env_vars": env},
-        ).remote()
+        options: dict[str, Any] = {
+            "name": f"tianji-{self.controller.run_id}-{spec.name}{suffix}",
+            "num_cpus": cpus,
+            "num_gpus": gpus,
+            "max_concurrency": 2,  # run() holds one thread; stop() needs the other
+            "max_restarts": 0,
+            "runtime_env": {"env_vars": env},
+        }
+        custom = self.resources.custom(role_of(spec))
+        if custom:
+            options["resources"] = custom
+        node = self._pinned.get(spec.name)
+        if node is not None:  # a relay: on its node while that lives, else anywhere
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=True)
+        actor = self._actor_class.options(**options).remote()
         log.info("started %s as a Ray actor (%g CPUs, %g GPUs)", spec.name, cpus, gpus)
-        return _RayActor(spec, actor, self._ray)
+        return _RayActor(spec, actor, self._ray, self.placement_timeout)
 
     async def _started(self) -> None:
-        """Wait until Ray placed and started every actor; name the first it could not.
+        """Wait until Ray placed and started every actor, then start the params relays
+        the placement calls for (:mod:`tianji.launch.ray_nodes`).
 
         Raises:
             ServiceFailed: naming a service not placed within ``placement_timeout``.
         """
         handles = [h for h in self.children.values() if isinstance(h, _RayActor)]
-        waits = [asyncio.wrap_future(h.actor.pid.remote().future()) for h in handles]
-        done, pending = await asyncio.wait(waits, timeout=self.placement_timeout)
-        for fut in pending:
-            fut.cancel()
-        for handle, fut in zip(handles, waits, strict=True):
-            if fut in done and fut.exception() is None:
-                handle.pid = fut.result()  # one that died is reported by the watch loop
-            elif fut not in done:
-                cpus, gpus = self.resources.resources(role_of(handle.spec))
-                raise ServiceFailed(
-                    handle.spec.name,
-                    f"not placed by Ray within {self.placement_timeout:g}s: it needs "
-                    f"{cpus:g} CPUs and {gpus:g} GPUs, Ray has {self._ray.available_resources()}",
-                )
+        await self._await_placed(handles)
+        nodes = {h.spec.name: h.node for h in handles if h.node is not None}
+        if self.resources.relays and len(set(nodes.values())) > 1:
+            await self._start_relays(nodes)
+        by_node: dict[str, list[str]] = collections.defaultdict(list)
+        for name, ip in self.placement.items():
+            by_node[ip].append(name)
+        where = "; ".join(f"{ip}: {', '.join(names)}" for ip, names in sorted(by_node.items()))
+        print(f"placed on Ray nodes: {where}", flush=True)
+
+    async def _start_relays(self, nodes: dict[str, Node]) -> None:
+        """One params relay on each node that needs one (see :mod:`tianji.launch.ray_nodes`).
+
+        Raises:
+            ServiceFailed: naming a relay not placed within ``placement_timeout``.
+        """
+        relays = []
+        for spec, node in relay_specs(self.specs, nodes):
+            spec = dataclasses.replace(spec, controller=self.controller.address)
+            self._pinned[spec.name] = node.node_id
+            self.specs.append(spec)
+            handle = await self._spawn(spec)
+            self.children[spec.name] = handle
+            self._born[spec.name] = time.monotonic()
+            relays.append(handle)
+            log.info("params relay %s on node %s", spec.name, node.ip)
+        await self._await_placed([h for h in relays if isinstance(h, _RayActor)])
+
+    async def _await_placed(self, handles: Sequence[_RayActor]) -> None:
+        """Wait until each handle's actor answered where it runs (one that died is
+        reported by the watch loop).
+
+        Raises:
+            ServiceFailed: naming the first not placed within ``placement_timeout``.
+        """
+        if not handles:
+            return
+        _, pending = await asyncio.wait([h.placed for h in handles], timeout=self.placement_timeout)
+        for handle in handles:
+            if handle.placed not in pending:
+                continue
+            for fut in pending:
+                fut.cancel()
+            cpus, gpus = self.resources.resources(role_of(handle.spec))
+            custom = self.resources.custom(role_of(handle.spec))
+            extra = "".join(f", {v:g} {k}" for k, v in custom.items())
+            raise ServiceFailed(
+                handle.spec.name,
+                f"not placed by Ray within {self.placement_timeout:g}s: it needs "
+                f"{cpus:g} CPUs and {gpus:g} GPUs{extra}, Ray has "
+                f"{self._ray.available_resources()}",
+            )
 
     async def _close(self) -> None:
         for handle in self.children.values():
             if isinstance(handle, _RayActor):
+                handle.placed.cancel()
                 handle.kill()  # frees its worker process and its reservation
         if self._started_ray:
             self._ray.shutdown()

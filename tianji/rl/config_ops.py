@@ -69,7 +69,7 @@ class CheckpointConfig:
         return self.every_updates > 0 or self.every_seconds > 0
 
 
-RESTARTABLE_ROLES = ("actor", "inference", "buffer", "eval", "params")
+RESTARTABLE_ROLES = ("actor", "inference", "buffer", "eval", "params", "relay")
 LEARNER_ON_DEATH = ("stop", "resume")
 BUFFER_ON_RESTART = ("empty", "snapshot")
 RESTARTS = 5
@@ -140,12 +140,15 @@ class RecoveryConfig:
         return self.restarts.get(role, RESTARTS) if role in RESTARTABLE_ROLES else 0
 
 
-RAY_ROLES = ("actor", "buffer", "learner", "params", "inference", "eval")
+RAY_ROLES = ("actor", "buffer", "learner", "params", "inference", "eval", "relay")
 RAY_DEFAULT_CPUS = {
     "actor": 0.5, "learner": 0.5, "buffer": 0.2, "params": 0.1, "inference": 0.2, "eval": 0.1,
+    "relay": 0.01,
 }  # fmt: skip
 """CPUs per service of each role on Ray: two actors, learner, buffer and params take 1.8,
-so a run of the examples fits a 2-CPU machine (Ray counts reservations, not use)."""
+so a run of the examples fits a 2-CPU machine (Ray counts reservations, not use). A params
+relay reserves a token 0.01 (Ray places an actor that reserves nothing on any node,
+whatever node it is asked for)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -161,6 +164,14 @@ class RayConfig:
     num_gpus: dict[str, float] = dataclasses.field(default_factory=dict)
     """GPUs each service of a role reserves (default 0), e.g. ``{learner = 1}`` to place
     the learner on a GPU node; its ``learner.device = "auto"`` then picks CUDA."""
+    custom_resources: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+    """Custom Ray resources each service of a role reserves: node affinity, e.g.
+    ``{learner = {trainer = 1}}`` places the learner on a node started with
+    ``ray start --resources '{"trainer": 4}'``."""
+    relays: bool = True
+    """On a cluster of several nodes, start a params relay on each node that hosts actors,
+    inference services or eval workers but not their params service, so each new version
+    of the weights crosses to a node once (``tianji.launch.ray_nodes``)."""
 
     def __post_init__(self) -> None:
         if self.address is not None and not self.address.strip():
@@ -171,12 +182,27 @@ class RayConfig:
                     raise ConfigError(f"ray.{key}.{role}", value, f"a role of {list(RAY_ROLES)}")
                 if type(value) not in (int, float) or not 0 <= value < float("inf"):
                     raise ConfigError(f"ray.{key}.{role}", value, "a number >= 0")
+        for role, wanted in self.custom_resources.items():
+            key = f"ray.custom_resources.{role}"
+            if role not in RAY_ROLES:
+                raise ConfigError(key, wanted, f"a role of {list(RAY_ROLES)}")
+            if not isinstance(wanted, dict):
+                raise ConfigError(key, wanted, "a table of resource names and amounts")
+            for name, value in wanted.items():
+                if name in ("CPU", "GPU") or not isinstance(name, str) or not name:
+                    raise ConfigError(f"{key}.{name}", value, "a custom resource name")
+                if type(value) not in (int, float) or not 0 < value < float("inf"):
+                    raise ConfigError(f"{key}.{name}", value, "a number > 0")
 
     def resources(self, role: str) -> tuple[float, float]:
         """(CPUs, GPUs) a service of ``role`` reserves; unknown roles (e.g. a demo's
         ``producer``) reserve the actors' CPUs and no GPU."""
         cpus = self.num_cpus.get(role, RAY_DEFAULT_CPUS.get(role, RAY_DEFAULT_CPUS["actor"]))
         return float(cpus), float(self.num_gpus.get(role, 0.0))
+
+    def custom(self, role: str) -> dict[str, float]:
+        """The custom resources a service of ``role`` reserves (none by default)."""
+        return {k: float(v) for k, v in self.custom_resources.get(role, {}).items()}
 
 
 def check_value(key: str, value: Any, hint: Any) -> Any:

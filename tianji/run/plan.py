@@ -14,7 +14,7 @@ import dataclasses
 import logging
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TextIO
 
 from tianji.launch.base import LaunchPlan
@@ -389,9 +389,11 @@ class RunPlan:
         wall: float,
         summary_path: str | None,
         backend: str | None = None,
+        placement: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
         """Record a last snapshot, build the summary and write it (run directory and
-        ``summary_path``); close the records."""
+        ``summary_path``); close the records. ``placement``: the node (IP) each service
+        ran on, where the launcher knows it (Ray)."""
         recorder = self.recorder
         try:
             if self.monitor is None:
@@ -406,6 +408,8 @@ class RunPlan:
             summary["all_up_s"] = round(up, 3) if up is not None else None
             if backend is not None:
                 summary["backend"] = backend
+            if placement:
+                summary["placement"] = dict(placement)
             directory = recorder.directory if recorder is not None else None
             summary["run_dir"] = str(directory.path) if directory is not None else None
             if recorder is not None:

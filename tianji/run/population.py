@@ -26,7 +26,7 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TextIO, cast
 
 from tianji.dashboard.model import Members
@@ -364,8 +364,10 @@ class PopulationPlan:
         wall: float,
         summary_path: str | None,
         backend: str | None = None,
+        placement: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
-        """Every member's summary (in its directory), and the population's."""
+        """Every member's summary (in its directory), and the population's (with the
+        node of each service, by full name, on Ray: ``placement``)."""
         summaries: dict[str, dict[str, Any]] = {}
         failures = []
         for p in self.members:
@@ -377,6 +379,8 @@ class PopulationPlan:
         summary = population_summary(self, summaries, reason, wall)
         if backend is not None:
             summary["backend"] = backend
+        if placement:
+            summary["placement"] = dict(placement)
         if self.directory is not None:
             write_json_atomic(self.directory.summary, summary)
         if summary_path:

@@ -75,7 +75,9 @@ def train(
             _finish_failed(plan, launcher, failure, wall, summary_path, backend)
             raise
         wall = time.monotonic() - started
-        return plan.finish(launcher.controller, reason, wall, summary_path, backend)
+        return plan.finish(
+            launcher.controller, reason, wall, summary_path, backend, launcher.placement
+        )
 
 
 def _finish_failed(
@@ -93,7 +95,9 @@ def _finish_failed(
         return
     plan.monitor.fail_run(str(failure))
     try:
-        plan.finish(launcher.controller, str(failure), wall, summary_path, backend)
+        plan.finish(
+            launcher.controller, str(failure), wall, summary_path, backend, launcher.placement
+        )
     except ServiceFailed as exc:  # finish raises it again after writing; our caller raises
         log.debug("the failed run's record is written: %s", exc)
 

@@ -181,13 +181,17 @@ class Controller(Service):
         one and shares that locality, else its main address (TCP).
 
         Where a relay (role :data:`RELAY_ROLE`) of the subscriber's locality republishes
-        the topic, only the relay; a relay (``relay``) and the subscribers of a locality
-        without one are told the topic's other publishers.
+        the topic, only the relay (the first by name of several); a relay (``relay``) and
+        the subscribers of a locality without one are told the topic's other publishers.
         """
         records = [r for r in self.registry.values() if topic_name in r.publishes]
         relays = [r for r in records if r.role == RELAY_ROLE]
         if relays:
-            here = [r for r in relays if locality and r.locality == locality]
+            # one relay per locality: of two (one restarted away from its lost node, say)
+            # the subscribers take the first by name, never both
+            here = sorted(
+                (r for r in relays if locality and r.locality == locality), key=lambda r: r.name
+            )[:1]
             records = here if here and not relay else [r for r in records if r not in relays]
         return tuple(
             sorted(
