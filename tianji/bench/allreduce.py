@@ -67,7 +67,9 @@ def _collective_worker(job: dict[str, Any]) -> dict[str, Any]:
             torch.cuda.synchronize()
         if step >= int(job["warmup"]):
             times.append(time.perf_counter() - started)
-    return {"times": times, "digest": _digest(grad.cpu().numpy())}
+    digest = _digest(grad.cpu().numpy())
+    group.close()  # as a learner leaves its group when it stops
+    return {"times": times, "digest": digest}
 
 
 async def _alltoall_worker(job: dict[str, Any]) -> dict[str, Any]:
@@ -158,11 +160,17 @@ def run_way(
         proc.stdin.flush()
         procs.append(proc)
     results = []
-    for rank, proc in enumerate(procs):
-        out, err = proc.communicate(timeout=1800)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{way} learner-{rank} of {world} failed: {err[-2000:]}")
-        results.append(json.loads(out.strip().splitlines()[-1]))
+    try:
+        for rank, proc in enumerate(procs):
+            out, err = proc.communicate(timeout=1800)
+            if proc.returncode != 0:
+                raise RuntimeError(f"{way} learner-{rank} of {world} failed: {err[-2000:]}")
+            results.append(json.loads(out.strip().splitlines()[-1]))
+    finally:  # one that failed must not leave its peers waiting for it
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
     per_step = [max(r["times"][i] for r in results) for i in range(steps)]  # the slowest
     return {
         "ms_per_step_median": round(1000 * statistics.median(per_step), 2),

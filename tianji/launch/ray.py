@@ -17,6 +17,11 @@ Placement and addresses:
   are reachable from every node. Services need ``tcp://`` (shm reaches one host, inproc
   one process).
 
+Once every actor runs, the launcher prints (and the summary keeps, ``placement``) the node
+each service runs on; on a cluster of several nodes it then starts one params relay on
+each node of actors that lacks the params service (:mod:`tianji.launch.ray_nodes`,
+``ray.relays``). ``ray.custom_resources`` pins roles to the nodes that offer them.
+
 A dead actor (``ray.kill``, a crashed or killed worker process, a lost node) is a dead
 service, exactly as a dead child process is locally: within the run's restart limit
 (:class:`~tianji.launch.restarts.RestartPolicy`, ``[recovery]``: N restarts within any T
