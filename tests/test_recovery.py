@@ -382,11 +382,12 @@ def test_a_killed_learner_without_resume_stops_the_run_with_a_clear_message(
 
 @pytest.mark.slow
 def test_killed_learners_resume_together_from_one_checkpoint(tmp_path: Path) -> None:
-    """Two data-parallel learners, ``learner = "resume"``: learner-1 is killed; the launcher
-    kills learner-0 too (their weights must stay identical) and both resume from the newest
-    checkpoint, with the policy version continuing; the run still reaches its target."""
+    """Two data-parallel learners averaging in a torch.distributed (gloo) group,
+    ``learner = "resume"``: learner-1 is killed; the launcher kills learner-0 too (their
+    weights must stay identical) and both resume from the newest checkpoint in a group
+    formed anew, with the policy version continuing; the run still reaches its target."""
     resume = ("--set", 'recovery.learner="resume"', "--set", "checkpoint.every_updates=5")
-    resume += ("--set", "learner.count=2")
+    resume += ("--set", "learner.count=2", "--set", 'learner.allreduce="collective"')
     with training(tmp_path, "--target-return", "300", "--max-seconds", "240", *resume) as run:
         status = run.wait_for(
             lambda s: (s["checkpoint"] or {}).get("policy_version", 0) >= 10, timeout=120
@@ -401,6 +402,9 @@ def test_killed_learners_resume_together_from_one_checkpoint(tmp_path: Path) -> 
     assert summary["restarts"] == {"learner-0": 1, "learner-1": 1}
     versions = [summary["services"][f"learner-{i}"]["counters"]["restored_version"] for i in (0, 1)]
     assert versions[0] == versions[1] >= 10, versions
+    for i in (0, 1):  # the new incarnations averaged in their new group
+        counters = summary["services"][f"learner-{i}"]["counters"]
+        assert counters["allreduce/steps"] > 0 and counters["learner_updates"] > 0, counters
     assert summary["accounting"]["balanced"], summary["accounting"]
 
 
