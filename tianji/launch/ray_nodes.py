@@ -10,7 +10,7 @@ node's subscribers at the relay (it shares their locality), so each version cros
 the node once. A population run gets one relay per member and node (the relay of member
 ``m1`` carries ``m1``'s weights only).
 
-:class:`Placement` is what the launcher knows of the nodes: each service's node (id and
+:class:`Node` is what the launcher knows of a service's node (id and
 IP), reported by the actor itself once it runs.
 """
 
