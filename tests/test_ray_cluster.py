@@ -119,6 +119,7 @@ def _lose_a_node_mid_run(cluster: RayCluster, tmp_path: Path) -> None:
             lines.append(line)
             if line.startswith("placed on Ray nodes:"):
                 break
+        assert lines and lines[-1].startswith("placed on Ray nodes:"), "".join(lines)[-3000:]
         placed = _placement(lines[-1])
         lost_ip = placed["actor-0"]
         lost = next(h for h in range(cluster.hosts) if cluster.ip(h) == lost_ip)
