@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 
+from tianji.bench.spawn import kill_leftovers
 from tianji.services.collective import CollectiveGroup, Rendezvous, buckets, host_rendezvous
 from tianji.testing import free_tcp_port
 
@@ -88,11 +89,8 @@ def _results(procs: list[subprocess.Popen[str]]) -> list[dict[str, Any]]:
             stdout, stderr = proc.communicate(timeout=120)
             assert proc.returncode == 0, stderr[-3000:]
             out.append(json.loads(stdout.strip().splitlines()[-1]))
-    finally:  # one that failed must not leave its peers waiting for it
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
+    finally:
+        kill_leftovers(procs)
     return out
 
 

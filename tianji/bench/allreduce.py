@@ -144,6 +144,7 @@ def run_way(
     Raises:
         RuntimeError: naming the learner process that failed.
     """
+    from tianji.bench.spawn import kill_leftovers
     from tianji.runtime.plugins import free_tcp_port
 
     port = free_tcp_port()  # the learners' meeting point
@@ -166,11 +167,8 @@ def run_way(
             if proc.returncode != 0:
                 raise RuntimeError(f"{way} learner-{rank} of {world} failed: {err[-2000:]}")
             results.append(json.loads(out.strip().splitlines()[-1]))
-    finally:  # one that failed must not leave its peers waiting for it
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
+    finally:
+        kill_leftovers(procs)
     per_step = [max(r["times"][i] for r in results) for i in range(steps)]  # the slowest
     return {
         "ms_per_step_median": round(1000 * statistics.median(per_step), 2),

@@ -28,6 +28,7 @@ from tianji.runtime.loop import finished_within
 __all__ = [
     "ChildRun",
     "Peer",
+    "kill_leftovers",
     "run_each",
     "run_json_child",
     "run_training",
@@ -221,3 +222,12 @@ async def _stop(proc: asyncio.subprocess.Process) -> None:
         except ProcessLookupError as exc:
             log.debug("peer pid %d: %r", proc.pid, exc)
         await proc.wait()
+
+
+def kill_leftovers(procs: Sequence[subprocess.Popen[Any]]) -> None:
+    """Kill and reap every process of ``procs`` still running (after one of them failed,
+    its peers must not be left waiting for it)."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()

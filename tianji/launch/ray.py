@@ -62,6 +62,7 @@ from tianji.rl.config_ops import RayConfig
 from tianji.runtime.errors import ConfigError, ServiceFailed
 from tianji.runtime.loop import run
 from tianji.runtime.service import Service
+from tianji.transports.tcp import parse_tcp_address
 
 __all__ = ["RayLauncher", "ServiceActor", "import_ray", "role_of"]
 
@@ -258,11 +259,14 @@ def _check_reachable(address: str, timeout: float = 5.0) -> None:
     Raises:
         ConfigError: naming the address, when nothing answers there within ``timeout``.
     """
-    host, sep, port = address.rpartition(":")
-    if "://" in address or not sep or not port.isdigit():
+    if "://" in address:
         return
     try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+        host, port = parse_tcp_address(f"tcp://{address}")
+    except ValueError:  # not HOST:PORT ("auto"): left to Ray
+        return
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
             pass
     except OSError as exc:
         why = f"a Ray cluster reachable here (nothing answers at {address}: {exc})"

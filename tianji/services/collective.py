@@ -307,4 +307,3 @@ class CollectiveSync:
             self.group.check_same(bytes.fromhex(weights_digest(self._weights())))
         self.calls += 1
         self.group.all_reduce_mean(tensors)
-

@@ -34,7 +34,6 @@ from tianji.rl.events import RendezvousOffered
 from tianji.rl.topics import RENDEZVOUS, gradients_topic, learner_name
 from tianji.runtime.errors import ConfigError, SyncFailed
 from tianji.runtime.loop import in_daemon_thread
-from tianji.runtime.plugins import split_address
 from tianji.services.allreduce import AllReduce, weights_digest
 from tianji.services.collective import (
     CollectiveGroup,
@@ -45,6 +44,7 @@ from tianji.services.collective import (
 )
 from tianji.services.devices import set_cuda_device, torch_device
 from tianji.services.learner_state import LearnerState
+from tianji.transports.tcp import parse_tcp_address
 
 __all__ = ["TRANSPORT_BELOW", "LearnerSync", "choose_way", "sync_topics"]
 
@@ -81,11 +81,11 @@ class LearnerSync(LearnerState):
     device: str
 
     def _setup_sync(self, name: str, index: int, count: int) -> None:
-        """Check the learner's place among the K and subscribe to what the sync needs.
+        """Subscribe to what the sync needs (the learner's index and name are checked
+        before, by the learner service).
 
         Raises:
-            ConfigError: for an index outside ``learner.count``, a name other than
-                ``learner-<index>`` or an algorithm without ``gradient_sync`` when K > 1.
+            ConfigError: for an algorithm without ``gradient_sync`` when K > 1.
         """
         self.collective: CollectiveSync | None = None  # once the group formed
         self.allreduce: AllReduce | None = None  # the all-to-all, when it is the way
@@ -116,12 +116,11 @@ class LearnerSync(LearnerState):
     def _own_host(self) -> str:
         """The host of this learner's registered address (where its peers reach it); the
         loopback address for in-process and shared-memory transports or a wildcard bind."""
-        _, rest = split_address(self.address)
-        host, sep, port = rest.rpartition(":")
-        host = host.strip("[]")
-        if not sep or not port.isdigit() or host in ("", "0.0.0.0", "::"):
+        try:
+            host = parse_tcp_address(self.address)[0]
+        except ValueError:  # not TCP: in-process or shared memory, one host
             return "127.0.0.1"
-        return host
+        return "127.0.0.1" if host in ("0.0.0.0", "::") else host
 
     async def _start_sync(self) -> None:
         """Learner-0 chooses the way and offers it (with the collective's rendezvous store);
