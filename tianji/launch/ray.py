@@ -259,12 +259,12 @@ def _check_reachable(address: str, timeout: float = 5.0) -> None:
     Raises:
         ConfigError: naming the address, when nothing answers there within ``timeout``.
     """
-    if "://" in address:
+    if "://" in address or ":" not in address:  # "auto", "ray://...": left to Ray
         return
     try:
         host, port = parse_tcp_address(f"tcp://{address}")
-    except ValueError:  # not HOST:PORT ("auto"): left to Ray
-        return
+    except ValueError as exc:
+        raise ConfigError("ray.address", address, f"HOST:PORT ({exc})") from None
     try:
         with socket.create_connection((host, port), timeout=timeout):
             pass

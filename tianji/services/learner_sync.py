@@ -116,10 +116,9 @@ class LearnerSync(LearnerState):
     def _own_host(self) -> str:
         """The host of this learner's registered address (where its peers reach it); the
         loopback address for in-process and shared-memory transports or a wildcard bind."""
-        try:
-            host = parse_tcp_address(self.address)[0]
-        except ValueError:  # not TCP: in-process or shared memory, one host
+        if not self.address.startswith("tcp://"):  # in-process or shared memory: one host
             return "127.0.0.1"
+        host = parse_tcp_address(self.address)[0]
         return "127.0.0.1" if host in ("0.0.0.0", "::") else host
 
     async def _start_sync(self) -> None:
