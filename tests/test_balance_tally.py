@@ -1,22 +1,27 @@
 """The balancer's running totals (:class:`~tianji.services.balancer.Tally`) give the same
-observation as summing every heartbeat afresh, whatever the order of heartbeats, deaths
-(retired as ``name#k``) and services leaving; and a decision costs no heartbeat scan
-beyond the ones that changed."""
+observation as summing every heartbeat afresh, whatever the order of heartbeats, grants,
+deaths (retired as ``name#k``) and services leaving or registering anew; the producers it
+keeps as holding grants lead the policy to the same decisions as deriving them afresh;
+and a decision costs no heartbeat scan, and no look at a registry record, beyond the ones
+that changed."""
 
 from __future__ import annotations
 
+import dataclasses
 import types
 from collections.abc import Mapping
 from typing import Any
 
 import msgspec
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tianji.rl.balance import Observation
+from tianji.rl.balance import BalanceConfig, BalancePolicy, Observation
 from tianji.rl.stats import ActorStat, BufferStat, LearnerStat
 from tianji.rl.tally import Tally
 from tianji.runtime.events import Heartbeat
+from tianji.runtime.registry import Registry
 
 NAMES = {"actor-0": "actor", "actor-1": "actor", "buffer-0": "buffer", "learner-0": "learner"}
 
@@ -87,19 +92,30 @@ def beat(name: str, k: int, drop: int) -> Heartbeat:
     )
 
 
+POLICIES = [
+    BalancePolicy(BalanceConfig(replay_ratio=2.0, fragment_samples=64, batch_samples=32)),
+    BalancePolicy(BalanceConfig(replay_ratio=1.0, fragment_samples=64, max_collecting=1)),
+    BalancePolicy(
+        BalanceConfig(on_policy=True, fragment_samples=64, batch_samples=128, lag_target=1)
+    ),
+]
+
 step = st.tuples(
-    st.sampled_from(["beat", "beat", "beat", "die", "leave", "join"]),
+    st.sampled_from(["beat", "beat", "beat", "die", "leave", "join", "grant"]),
     st.sampled_from(sorted(NAMES)),
     st.integers(0, 50),
     st.integers(0, 3),
 )
 
 
+@pytest.mark.parametrize("registry", [dict, Registry], ids=["dict", "registry"])
 @settings(max_examples=200, deadline=None)
-@given(st.lists(step, min_size=1, max_size=60))
-def test_running_totals_equal_a_fresh_sum_after_any_sequence(steps: list[Any]) -> None:
+@given(steps=st.lists(step, min_size=1, max_size=60))
+def test_running_totals_equal_a_fresh_sum_after_any_sequence(
+    registry: type[dict[str, Any]], steps: list[Any]
+) -> None:
     heartbeats: dict[str, Heartbeat] = {}
-    live: dict[str, Any] = {}
+    live: dict[str, Any] = registry()
     deaths: dict[str, int] = {}
     tally = Tally()
     for what, name, k, drop in steps:
@@ -118,8 +134,15 @@ def test_running_totals_equal_a_fresh_sum_after_any_sequence(steps: list[Any]) -
             live.pop(name, None)
         elif what == "join":  # registered, no heartbeat of this incarnation yet
             live[name] = types.SimpleNamespace(last_heartbeat=None)
+        elif what == "grant" and NAMES[name] == "actor":  # Balancer._grant_production
+            tally.grant(name, k)
         tally.scan(heartbeats)
         assert tally.observation(live) == reference(heartbeats, live)
+        view = tally.decision_view(live)
+        assert view.granted == tally.granted
+        derived = dataclasses.replace(view, pending=None)  # what the policy derives alone
+        for policy in POLICIES:
+            assert policy.decide(view) == policy.decide(derived)
 
 
 def test_a_heartbeat_dropped_without_notice_rebuilds_the_totals() -> None:
@@ -149,3 +172,47 @@ def test_only_changed_heartbeats_are_read_again() -> None:
     tally.scan(heartbeats)
     tally.scan(heartbeats)
     assert taken == ["actor-0"]
+
+
+class CountingRegistry(Registry[Any]):
+    looked = 0
+
+    def get(self, name: str, default: Any = None) -> Any:
+        self.looked += 1
+        return super().get(name, default)
+
+
+def test_registry_records_are_looked_at_again_only_after_the_registry_changed() -> None:
+    heartbeats = {n: beat(n, 3, 0) for n in NAMES}
+    live = CountingRegistry()
+    for name, hb in heartbeats.items():
+        live[name] = types.SimpleNamespace(last_heartbeat=hb)
+    tally = Tally()
+    tally.scan(heartbeats)
+    tally.decision_view(live)  # the first look: every actor
+    live.looked = 0
+    heartbeats["actor-0"] = beat("actor-0", 4, 0)
+    live["actor-0"].last_heartbeat = heartbeats["actor-0"]
+    tally.scan(heartbeats)
+    assert set(tally.decision_view(live).producer_versions) == {"actor-0", "actor-1"}
+    assert live.looked == 1  # only the actor whose heartbeat changed
+    live["actor-1"] = types.SimpleNamespace(last_heartbeat=None)  # registered anew
+    live.looked = 0
+    assert set(tally.decision_view(live).producer_versions) == {"actor-0"}
+    assert live.looked == 2  # the registry changed: every actor again
+
+
+def test_every_way_of_changing_a_registry_moves_its_version() -> None:
+    registry: Registry[int] = Registry()
+    changes = [
+        lambda r: r.__setitem__("a", 1),
+        lambda r: r.update(b=2),
+        lambda r: r.setdefault("c", 3),
+        lambda r: r.pop("a"),
+        lambda r: r.__delitem__("b"),
+        lambda r: r.popitem(),
+        lambda r: r.clear(),
+    ]
+    for k, change in enumerate(changes, 1):
+        change(registry)
+        assert registry.version == k

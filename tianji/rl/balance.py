@@ -45,6 +45,7 @@ the services ask it what they need (:attr:`BalanceConfig.staleness_bound`,
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import math
 
 from tianji.rl.config import Mode
@@ -227,6 +228,10 @@ class Observation:
         params_version: the newest policy version published to producers (``None``: the
             learner's version).
         in_transit: samples live producers sent that no buffer has received yet.
+        pending: the live producers whose grant exceeds what they sent, and by how many
+            fragments (``None``: derived from ``granted`` and ``fragments_sent``; the
+            controller's tally keeps it up to date, so a decision need not walk every
+            producer).
     """
 
     inserted: int
@@ -241,6 +246,7 @@ class Observation:
     granted: dict[str, int] = dataclasses.field(default_factory=dict)
     params_version: int | None = None
     in_transit: int = 0
+    pending: dict[str, int] | None = dataclasses.field(default=None, compare=False)
 
     @property
     def published(self) -> int:
@@ -279,36 +285,80 @@ class Decision:
 
 class _Ledger:
     """The producers' grants while one decision hands out fragments: who holds how many
-    not yet sent (``pending``), and the bound on producers collecting at once."""
+    not yet sent (``pending``, only those holding some), and the bound on producers
+    collecting at once. Producers nobody touches are read from the observation on demand,
+    so a decision that grants little costs little however many producers there are."""
 
     def __init__(self, obs: Observation, cap: int) -> None:
         self.cap = cap
-        producers = sorted(obs.producer_versions)
-        sent = obs.fragments_sent
-        self.granted = {p: max(obs.granted.get(p, 0), sent.get(p, 0)) for p in producers}
-        self.pending = {p: self.granted[p] - sent.get(p, 0) for p in producers}
+        self.producers = obs.producer_versions
+        self._sent = obs.fragments_sent
+        self._granted = obs.granted
+        self._given: dict[str, int] = {}  # producer -> its limit after this decision's grants
+        pending = obs.pending
+        if pending is None:
+            pending = {p: self.granted(p) - self.sent(p) for p in self.producers}
+        self.pending = {p: n for p, n in pending.items() if n > 0 and p in self.producers}
         self.new: dict[str, Grant] = {}
+        self._heap: list[tuple[int, int, str]] | None = None  # (pending, granted, producer)
+        self._order: list[str] | None = None  # the producers by name
+
+    def sent(self, producer: str) -> int:
+        return self._sent.get(producer, 0)
+
+    def granted(self, producer: str) -> int:
+        """The producer's grant limit now (never below what it sent)."""
+        given = self._given.get(producer)
+        if given is not None:
+            return given
+        return max(self._granted.get(producer, 0), self._sent.get(producer, 0))
+
+    def pending_of(self, producer: str) -> int:
+        return self.pending.get(producer, 0)
+
+    def pending_total(self) -> int:
+        return sum(self.pending.values())
+
+    def capped(self) -> bool:
+        """``cap`` producers collect already: only they may take more."""
+        return bool(self.cap) and len(self.pending) >= self.cap
 
     def candidates(self) -> list[str]:
         """Producers that may take one more fragment: any, or only those collecting
-        already when ``cap`` producers are."""
-        collecting = [p for p, n in self.pending.items() if n > 0]
-        if self.cap and len(collecting) >= self.cap:
-            return collecting
-        return list(self.pending)
+        already when ``cap`` producers are (sorted by name)."""
+        if self.capped():
+            return sorted(self.pending)
+        if self._order is None:
+            self._order = sorted(self.producers)
+        return self._order
+
+    def least_held(self) -> str | None:
+        """The candidate holding the fewest fragments not yet sent, then granted least,
+        then first by name (a heap over every producer, built on first use)."""
+        if self.capped():
+            return min(self.pending, key=lambda p: (self.pending[p], self.granted(p), p))
+        if self._heap is None:
+            self._heap = [(self.pending_of(p), self.granted(p), p) for p in self.producers]
+            heapq.heapify(self._heap)
+        while self._heap:
+            held, granted, p = self._heap[0]
+            if (held, granted) == (self.pending_of(p), self.granted(p)):
+                return p
+            heapq.heapreplace(self._heap, (self.pending_of(p), self.granted(p), p))
+        return None
 
     def give(self, producer: str, min_version: int) -> None:
-        self.granted[producer] += 1
-        self.pending[producer] += 1
+        self._given[producer] = self.granted(producer) + 1
+        self.pending[producer] = self.pending_of(producer) + 1
         # One grant covers all of a producer's unstarted fragments: within a decision its
         # min_version only rises. Across decisions it is not floored at the last grant's: a
         # learner resumed from a checkpoint publishes lower versions again.
         before = self.new.get(producer)
         floor = before.min_version if before is not None else 0
-        self.new[producer] = Grant(self.granted[producer], max(min_version, floor))
+        self.new[producer] = Grant(self._given[producer], max(min_version, floor))
 
     def idle(self) -> frozenset[str]:
-        return frozenset(p for p, n in self.pending.items() if n <= 0)
+        return frozenset(self.producers.keys() - self.pending.keys())
 
 
 class BalancePolicy:
@@ -358,10 +408,7 @@ class BalancePolicy:
         somewhere between the producers and the learner's update (``produced - consumed -
         dropped``), plus those granted to live producers and not sent yet."""
         backlog = max(0, obs.produced - obs.consumed - obs.dropped)
-        collecting = sum(
-            max(0, obs.granted.get(p, 0) - obs.fragments_sent.get(p, 0))
-            for p in obs.producer_versions
-        )
+        collecting = _Ledger(obs, 0).pending_total()
         return math.ceil(backlog / self.config.fragment_samples) + collecting
 
     def consumed_at(self, obs: Observation, position: int) -> int:
@@ -383,14 +430,15 @@ class BalancePolicy:
         published = obs.published
         strict = cfg.mode is Mode.SYNC
         position = self.outstanding(obs)
-        while ledger.pending and position < cfg.outstanding_limit:
+        while ledger.producers and position < cfg.outstanding_limit:
             need = max(0, self.consumed_at(obs, position) - cfg.target)
             if need > published and (strict or position >= cfg.batch_fragments):
                 break  # those weights are not out yet: grant when they are
             need = min(need, published)
 
             def rank(p: str, need: int = need) -> tuple[int, bool, int, str]:
-                return ledger.pending[p], obs.producer_versions[p] < need, ledger.granted[p], p
+                held, version = ledger.pending_of(p), obs.producer_versions[p]
+                return held, version < need, ledger.granted(p), p
 
             ledger.give(min(ledger.candidates(), key=rank), need)
             position += 1
@@ -431,7 +479,7 @@ class BalancePolicy:
         keep ``consumed`` in the band, plus one to every producer while a shard is still
         short past the warm-up; the learners may consume up to the band's upper edge."""
         cfg = self.config
-        pending = sum(max(0, n) for n in ledger.pending.values())
+        pending = ledger.pending_total()
         coming = obs.inserted + obs.in_transit
         if obs.inserted < cfg.min_replay_size:
             # the warm-up: the fragments that fill it (the last may pass it), no more, so
@@ -440,13 +488,13 @@ class BalancePolicy:
         else:
             room = math.floor((self.insert_limit(obs) - coming) / cfg.fragment_samples)
         for _ in range(max(0, room - pending)):
-            candidates = ledger.candidates()
-            if not candidates:
+            producer = ledger.least_held()
+            if producer is None:
                 break
-            ledger.give(min(candidates, key=lambda p: (ledger.pending[p], ledger.granted[p], p)), 0)
+            ledger.give(producer, 0)
         if obs.filling and obs.inserted >= cfg.min_replay_size:  # a shard is short
             for p in ledger.candidates():
-                if ledger.pending[p] <= 0:
+                if ledger.pending_of(p) <= 0:
                     ledger.give(p, 0)
         band = self.band(obs, len(obs.producer_versions))
         if band is None:
@@ -472,13 +520,13 @@ class BalancePolicy:
         versions = obs.producer_versions
         if obs.inserted < cfg.min_replay_size:
             for p in ledger.candidates():
-                while ledger.granted[p] < cfg.fill_fragments and p in ledger.candidates():
+                while ledger.granted(p) < cfg.fill_fragments and p in ledger.candidates():
                     ledger.give(p, 0)
             return obs.consumed, f"sync: filling {obs.inserted}"
         published = obs.published
         for p in ledger.candidates():
             done = versions[p] >= published and obs.fragments_at_version.get(p, 0) >= 1
-            if not done and ledger.pending[p] <= 0:
+            if not done and ledger.pending_of(p) <= 0:
                 ledger.give(p, published)
         if not versions:
             return obs.consumed, "sync: no producer"

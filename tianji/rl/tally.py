@@ -4,7 +4,7 @@ consumed samples over all learners (:func:`lag_summary`)."""
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from tianji.rl.balance import Observation
@@ -18,8 +18,10 @@ __all__ = ["Tally", "lag_summary"]
 class Tally:
     """The totals the balance policy reads, kept per heartbeat instead of summed over every
     service for every decision: :meth:`scan` finds the heartbeats that are new since the
-    last scan (an identity check per service) and moves only their part of the totals;
-    :meth:`observation` reads the totals (and the per-producer gauges of live actors).
+    last scan (an identity check per service) and moves only their part of the totals and
+    of the per-producer views (version, fragments, samples in transit); :meth:`observation`
+    hands those views out, so a decision costs O(changed heartbeats) Python work plus dict
+    copies, not a walk over every stream of every actor.
 
     The sums (``inserted``, ``consumed``, ``dropped``, ``produced``) cover every heartbeat,
     live and retired (``name#k``); the gauges count only live services, as before.
@@ -27,6 +29,7 @@ class Tally:
 
     def __init__(self) -> None:
         self.settled: dict[str, int] = {}  # retired name -> samples lost on the way to it
+        self.granted: dict[str, int] = {}  # producer -> the grant limit sent to it (grant())
         self._reset()
 
     def _reset(self) -> None:
@@ -36,9 +39,18 @@ class Tally:
         self.buffers: dict[str, bool] = {}  # buffer -> still filling
         self.learners: dict[str, tuple[int, int | None]] = {}  # -> (updates, params version)
         self.learner_consumed: dict[str, int] = {}  # learner (and retired ones, name#k)
-        self.actors: dict[str, tuple[int, int, int]] = {}  # -> (version, at it, sent)
+        self.versions: dict[str, int] = {}  # actor -> policy version
+        self.fragments: dict[str, int] = {}  # actor -> fragments sent at that version
+        self.sent: dict[str, int] = {}  # actor -> fragments sent
         self.streams: dict[str, dict[str, float]] = {}  # actor -> samples sent per stream
         self.offsets: dict[str, dict[str, float]] = {}  # buffer -> "actor/stream" -> offset
+        self._furthest: dict[str, float] = {}  # "actor/stream" -> furthest offset of any buffer
+        self._transit: dict[str, float] = {}  # actor -> samples sent, at no buffer yet
+        self._buffers_moved = False  # every actor's transit is out of date
+        self.pending: dict[str, int] = {}  # actor -> fragments granted and not sent, if any
+        self._excluded: set[str] = set()  # actors with a heartbeat here that do not count
+        self._retaken: set[str] = set()  # actors whose heartbeat changed since the last look
+        self._looked: tuple[Mapping[str, Any], int] | None = None  # (live, its version)
 
     def scan(self, heartbeats: Mapping[str, Heartbeat]) -> None:
         """Take in the heartbeats that changed since the last scan."""
@@ -60,8 +72,13 @@ class Tally:
         self.buffers.pop(name, None)
         self.learners.pop(name, None)
         self.learner_consumed.pop(name, None)
-        self.actors.pop(name, None)
-        self.streams.pop(name, None)
+        views = (self.versions, self.fragments, self.sent, self.streams, self._transit)
+        for view in (*views, self.granted, self.pending):
+            view.pop(name, None)
+        self._excluded.discard(name)
+        self._retaken.discard(name)
+        if self.offsets.pop(name, None) is not None:
+            self._buffers_moved = True
 
     def retired_consumed(self, name: str) -> int:
         """Samples consumed by the earlier incarnations of learner ``name`` (``name#k``,
@@ -78,7 +95,10 @@ class Tally:
         if hb.role == "buffer":
             part = (c.get(BufferStat.SAMPLES_INSERTED, 0), 0, dropped, 0)
             self.buffers[name] = hb.gauges.get(BufferStat.READY, 1.0) < 1.0
-            self.offsets[name] = _prefixed(hb.gauges, BookStat.RECV)
+            offsets = _prefixed(hb.gauges, BookStat.RECV)
+            if offsets != self.offsets.get(name):
+                self.offsets[name] = offsets
+                self._buffers_moved = True
         elif hb.role == "learner":
             part = (0, c.get(LearnerStat.SAMPLES_CONSUMED, 0), dropped, 0)
             params = hb.gauges.get(LearnerStat.PARAMS_VERSION)
@@ -87,17 +107,31 @@ class Tally:
             self.learner_consumed[name] = part[1]
         elif hb.role == "actor":
             part = (0, 0, dropped, c.get(ActorStat.SAMPLES_PRODUCED, 0))
-            self.actors[name] = (
-                int(hb.gauges.get(ActorStat.POLICY_VERSION, -1)),
-                int(hb.gauges.get(ActorStat.FRAGMENTS_AT_VERSION, 0)),
-                int(c.get(ActorStat.FRAGMENTS_SENT, 0)),
-            )
+            self.versions[name] = int(hb.gauges.get(ActorStat.POLICY_VERSION, -1))
+            self.fragments[name] = int(hb.gauges.get(ActorStat.FRAGMENTS_AT_VERSION, 0))
+            self.sent[name] = int(c.get(ActorStat.FRAGMENTS_SENT, 0))
             self.streams[name] = _prefixed(hb.gauges, BookStat.SENT)
+            self._repend(name)
+            self._retaken.add(name)
+            if not self._buffers_moved:
+                self._transit[name] = self._transit_of(name)
         else:
             part = (0, 0, 0, 0)
         self._parts[name] = part
         self._seen[name] = hb
         self._add(part, 1)
+
+    def grant(self, producer: str, limit: int) -> None:
+        """``producer`` was sent a grant of ``limit`` fragments (cumulative)."""
+        self.granted[producer] = limit
+        self._repend(producer)
+
+    def _repend(self, producer: str) -> None:
+        held = self.granted.get(producer, 0) - self.sent.get(producer, 0)
+        if held > 0 and producer in self.sent:
+            self.pending[producer] = held
+        else:
+            self.pending.pop(producer, None)
 
     def _add(self, part: tuple[int, int, int, int], sign: int) -> None:
         self.inserted += sign * part[0]
@@ -105,25 +139,30 @@ class Tally:
         self.dropped += sign * part[2]
         self.produced += sign * part[3]
 
+    def decision_view(self, live: Mapping[str, Any]) -> Observation:
+        """:meth:`observation` with the grants this tally was told (:meth:`grant`) and the
+        producers holding some not yet sent (``pending``, kept up to date here)."""
+        return self.observation(live, self.granted, dict(self.pending))
+
     def observation(
-        self, live: Mapping[str, Any], granted: Mapping[str, int] | None = None
+        self,
+        live: Mapping[str, Any],
+        granted: Mapping[str, int] | None = None,
+        pending: dict[str, int] | None = None,
     ) -> Observation:
         """The policy's view: the totals, and the gauges of the live services (a producer
         counts from its first heartbeat since it registered: until then the last one may
-        be an earlier incarnation's)."""
+        be an earlier incarnation's). ``granted``: the grants sent, by producer (the policy
+        reads those of the live producers); ``pending``: see :class:`Observation`."""
         version, params = 0, None
         for name, (updates, published) in self.learners.items():
             version = max(version, updates)
             if published is not None and name in live:
                 params = max(params or 0, published)
         filling = any(f and name in live for name, f in self.buffers.items())
-        versions: dict[str, int] = {}
-        fragments: dict[str, int] = {}
-        sent: dict[str, int] = {}
-        for name, (v, f, s) in self.actors.items():
-            record = live.get(name)
-            if record is not None and getattr(record, "last_heartbeat", True) is not None:
-                versions[name], fragments[name], sent[name] = v, f, s
+        versions, fragments, sent = dict(self.versions), dict(self.fragments), dict(self.sent)
+        for name in self._not_counted(live):
+            versions.pop(name, None), fragments.pop(name, None), sent.pop(name, None)
         return Observation(
             in_transit=self.in_transit(versions),
             inserted=self.inserted,
@@ -135,21 +174,58 @@ class Tally:
             filling=filling,
             produced=self.produced,
             fragments_sent=sent,
-            granted={p: granted.get(p, 0) for p in versions} if granted else {},
+            granted=dict(granted) if granted else {},
             params_version=params,
+            pending=pending,
         )
 
-    def in_transit(self, actors: Iterable[str]) -> int:
+    def _not_counted(self, live: Mapping[str, Any]) -> set[str]:
+        """Actors with a heartbeat here that are not live, or registered anew and not heard
+        from since (their heartbeat may be an earlier incarnation's). Every actor is looked
+        at when the registry changed (a :class:`~tianji.runtime.controller.Registry` counts
+        its changes; any other mapping is looked at in full every time), else only those
+        whose heartbeat changed."""
+        version = getattr(live, "version", None)
+        looked = self._looked
+        if version is None or looked is None or looked[0] is not live or looked[1] != version:
+            names: Collection[str] = self.versions
+            self._excluded = set()
+        else:
+            names = self._retaken
+        excluded = self._excluded
+        for name in names:
+            record = live.get(name)
+            if record is None or getattr(record, "last_heartbeat", True) is None:
+                excluded.add(name)
+            else:
+                excluded.discard(name)
+        self._retaken = set()
+        self._looked = None if version is None else (live, version)
+        return excluded
+
+    def in_transit(self, actors: Collection[str]) -> int:
         """Samples the live ``actors`` sent that no buffer has received yet: per stream,
         what the actor reports sent beyond the furthest offset a buffer reports (a stream
         a buffer joined late, or with a gap, counts from where it has it)."""
-        total = 0.0
-        for actor in actors:
-            for stream, sent in self.streams.get(actor, {}).items():
-                key = f"{actor}/{stream}"
-                have = max((o.get(key, 0.0) for o in self.offsets.values()), default=0.0)
-                total += max(0.0, sent - have)
-        return int(total)
+        if self._buffers_moved:
+            self._furthest = {}
+            for offsets in self.offsets.values():
+                for key, offset in offsets.items():
+                    if offset > self._furthest.get(key, 0.0):
+                        self._furthest[key] = offset
+            self._transit = {name: self._transit_of(name) for name in self.streams}
+            self._buffers_moved = False
+        transit = self._transit
+        if len(actors) == len(transit):
+            return int(sum(transit.values()))
+        return int(sum(transit.get(name, 0.0) for name in actors))
+
+    def _transit_of(self, actor: str) -> float:
+        furthest = self._furthest
+        return sum(
+            max(0.0, sent - furthest.get(f"{actor}/{stream}", 0.0))
+            for stream, sent in self.streams[actor].items()
+        )
 
 
 def _prefixed(values: Mapping[str, float], prefix: str) -> dict[str, float]:

@@ -46,9 +46,18 @@ from tianji.runtime.events import (
     Shutdown,
     WatchTopics,
 )
+from tianji.runtime.registry import Registry
 from tianji.runtime.service import CONTROL, Service
 
-__all__ = ["REFUSED", "RELAY_ROLE", "Controller", "ControllerPlugin", "Send", "ServiceRecord"]
+__all__ = [
+    "REFUSED",
+    "RELAY_ROLE",
+    "Controller",
+    "ControllerPlugin",
+    "Registry",
+    "Send",
+    "ServiceRecord",
+]
 
 log = logging.getLogger("tianji.controller")
 
@@ -151,7 +160,7 @@ class Controller(Service):
         self.run_digest = ""  # when set, services registering another digest are refused
         self._plugins_wanted = asyncio.Event()
         self.plugin_updates = 0  # plug-in update rounds so far
-        self.registry: dict[str, ServiceRecord] = {}
+        self.registry: dict[str, ServiceRecord] = Registry()
         self.reports: dict[str, ServiceReported] = {}
         self.heartbeats: dict[str, Heartbeat] = {}  # latest per service, kept after it leaves
         self.restarts: collections.Counter[str] = collections.Counter()  # by service name

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from typing import Generic, TypeVar
 
 from tianji.runtime.errors import ConfigError
+from tianji.runtime.registry import Registry
 
 __all__ = [
     "SEPARATOR",
@@ -122,6 +123,9 @@ class ScopedViews(Generic[V]):
     came or went only re-files the entries whose value changed (an identity check per
     entry), instead of every scope filtering and re-keying every entry. A key that came or
     went re-files everything into fresh dicts (so a view being iterated is never resized).
+    The views are :class:`~tianji.runtime.registry.Registry` dicts: their ``version`` moves
+    with every entry re-filed, so a plug-in reading a member's registry view can tell that
+    nobody came or went as cheaply as on the controller's own registry.
 
     Usage::
 
@@ -159,7 +163,10 @@ class ScopedViews(Generic[V]):
             if split is None:
                 scope = scope_of(name)
                 split = self._names[name] = (scope, name[len(scope) + 1 :] if scope else name)
-            views.setdefault(split[0], {})[split[1]] = value
+            view = views.get(split[0])
+            if view is None:
+                view = views[split[0]] = Registry()  # a registry's view counts changes too
+            view[split[1]] = value
         self._views, self._seen = views, dict(values)
         if len(self._names) > 4 * len(values) + 1024:  # names that left long ago
             self._names = {n: self._names[n] for n in values}

@@ -79,7 +79,7 @@ class Balancer:
         self.policy = BalancePolicy(config)
         self._send: Send = send or _unattached
         self.window = window
-        self.idle: set[str] = set()  # producers with nothing granted to collect
+        self.idle: frozenset[str] = frozenset()  # producers with nothing granted to collect
         self.grants: dict[str, int] = {}  # learner -> consume limit sent
         self.production: dict[str, Grant] = {}  # producer -> production grant sent
         self._incarnation: dict[str, float | None] = {}  # producer -> registered_at
@@ -91,6 +91,7 @@ class Balancer:
         self.stalled: dict[str, Any] | None = None
         self.stalls = 0
         self.tally = Tally()  # the heartbeats' totals, kept up to date per heartbeat
+        self._registry_seen: tuple[int, int] | None = None  # (id of live, its version)
         self.draining = False  # the run drains before it stops: no more commands
         self.drained: dict[str, Any] | None = None  # what the drain saw (tianji.services.drain)
 
@@ -157,7 +158,7 @@ class Balancer:
         self.grants.pop(name, None)
         self.production.pop(name, None)
         self._incarnation.pop(name, None)
-        self.idle.discard(name)
+        self.idle -= {name}
 
     @staticmethod
     def observe(
@@ -174,9 +175,8 @@ class Balancer:
     async def update(self, heartbeats: Mapping[str, Heartbeat], live: Mapping[str, Any]) -> None:
         """Decide on the latest heartbeats and send what changed."""
         self._track_incarnations(live)
-        granted = {n: g.limit for n, g in self.production.items()}
         self.tally.scan(heartbeats)
-        obs = self.tally.observation(live, granted)
+        obs = self.tally.decision_view(live)
         now = time.monotonic()
         self._history.append((now, obs.inserted, obs.consumed))
         while len(self._history) > 2 and self._history[1][0] < now - self.window:
@@ -204,20 +204,26 @@ class Balancer:
 
     def _track_incarnations(self, live: Mapping[str, Any]) -> None:
         """A producer registered anew (restarted under its name) counts its fragments from
-        0 again: its grants start over."""
+        0 again: its grants start over. Looked for only when the registry changed (a
+        :class:`~tianji.runtime.controller.Registry` counts its changes)."""
+        version = getattr(live, "version", None)
+        if version is not None and self._registry_seen == (id(live), version):
+            return
+        self._registry_seen = None if version is None else (id(live), version)
         for name in list(self.production):
             registered = getattr(live.get(name), "registered_at", None)
             if name not in live or registered != self._incarnation.get(name):
                 self.forget(name)
 
     async def _grant_production(self, decision: Decision, live: Mapping[str, Any]) -> None:
-        self.idle = set(decision.idle) & set(live)
+        self.idle = decision.idle  # of the live producers only (Tally.observation)
         for name, grant in sorted(decision.grants.items()):
             ev = GrantProduction(
                 limit=grant.limit, min_version=grant.min_version, reason=decision.reason
             )
             if await self._send(name, ev):
                 self.production[name] = grant
+                self.tally.grant(name, grant.limit)
                 self._incarnation[name] = getattr(live.get(name), "registered_at", None)
                 self.commands["grant_production"] += 1
 
