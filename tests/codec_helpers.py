@@ -40,6 +40,7 @@ from tianji.runtime.events import (
     BoardPosted,
     Event,
     Heartbeat,
+    HeartbeatBatch,
     PublishersChanged,
     RegisterService,
     ServiceRegistered,
@@ -179,6 +180,22 @@ def _runtime_samples() -> list[Event]:
             queue_depths={},
             sent_at=1712345678.25,
         ),
+        HeartbeatBatch(
+            aggregator="aggregator-0",
+            heartbeats=(
+                Heartbeat(
+                    name="actor-3",
+                    role="actor",
+                    state="running",
+                    counters={"env_steps": 4096},
+                    gauges={"rss_mb": 250.5},
+                    queue_depths={"to:tcp://10.0.0.2:1": 0},
+                    sent_at=1712345678.5,
+                    links_down={"tcp://10.0.0.1:1": "refused (down 3 s)"},
+                ),
+            ),
+        ),
+        HeartbeatBatch(aggregator="aggregator-1", heartbeats=()),
         ServiceReported(
             name="learner-0",
             status="ok",

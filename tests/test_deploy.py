@@ -72,6 +72,9 @@ def test_same_host_subscribers_get_the_shm_address_and_others_the_tcp_one() -> N
     asyncio.run(main())
 
 
+LOOPBACK = "tcp://127.0.0.1:0"
+
+
 def test_serve_names_an_unknown_role_or_index() -> None:
     config = load_config(PPO, [])
     with pytest.raises(ConfigError, match=r"'trainer'.*roles"):
@@ -91,6 +94,9 @@ def test_serve_names_an_unknown_role_or_index() -> None:
     )
     assert (spec.name, spec.advertise, spec.local_bind) == ("actor-1", "10.0.0.2", "")
     assert spec.options["index"] == 1
+    agg = serve_spec(config, "aggregator", 1, controller="tcp://127.0.0.1:1", bind=LOOPBACK)
+    assert (agg.name, agg.role) == ("aggregator-1", "aggregator")
+    assert agg.factory == "tianji.runtime.aggregator:HeartbeatAggregator"
     with pytest.raises(ConfigError, match=r"--restart-period.*0"):
         serve(spec, "", restarts=2, restart_period=0, config=config)
     with pytest.raises(ConfigError, match=r"--restart.*-1"):

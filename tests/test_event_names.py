@@ -8,7 +8,8 @@ import re
 import tianji.rl.events  # noqa: F401  (registers the RL events)
 from tianji.runtime.events import event_types
 
-NOUN_FACTS = frozenset({"Heartbeat", "SampleBatch"})  # a fact named by what it carries
+# facts named by what they carry
+NOUN_FACTS = frozenset({"Heartbeat", "HeartbeatBatch", "SampleBatch"})
 
 
 def test_every_event_says_whether_it_is_a_command_or_a_fact() -> None:

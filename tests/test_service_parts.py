@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from tianji.runtime import plugins
+from tianji.runtime.aggregation import HEARTBEATS_TOPIC
 from tianji.runtime.board import SHM_DIR, Board
 from tianji.runtime.codec import Codec
 from tianji.runtime.core import Connection, Limits
@@ -216,7 +217,9 @@ def test_the_controller_link_registers_watches_and_hands_on_what_the_controller_
         tasks.spawn(link.heartbeats())
         conn = await listener.accept()
         assert WIRE.decode(await conn.recv(), "c")[1] == registration
-        assert WIRE.decode(await conn.recv(), "c")[1] == WatchTopics(topics=(ARRAYS,))
+        # and the pseudo-topic of its node's heartbeat aggregator
+        watch = WatchTopics(topics=(ARRAYS, HEARTBEATS_TOPIC))
+        assert WIRE.decode(await conn.recv(), "c")[1] == watch
         assert link.registered_conn() is None and not link.complete()
         await conn.send(WIRE.encode(ServiceRegistered(name="svc", run_id="run-1"), CONTROL))
         await until(lambda: link.registered.is_set())

@@ -8,6 +8,8 @@ import ast
 from layers import sources
 
 from tianji.rl import stats
+from tianji.runtime.aggregation import RouteStat
+from tianji.runtime.aggregator import AggregatorStat
 from tianji.runtime.heartbeats import ServiceStat
 
 DECLARED = {
@@ -22,6 +24,8 @@ DECLARED = {
         stats.LeagueStat,
         stats.Dropped,
         ServiceStat,
+        RouteStat,
+        AggregatorStat,
     )
     for attr, value in vars(cls).items()
     if attr.isupper() and isinstance(value, str)

@@ -133,6 +133,16 @@ def _cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def _cpu_s_of(pids: Sequence[int]) -> float:
+    """CPU seconds (user + system) the processes ``pids`` of this host used so far."""
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 # ------------------------------------------------------------------------- the controller
 def _timed_controller(services: int, population: int = 1) -> tuple[Any, Timed]:
     """The run's controller and balancer for ``services`` (``examples/cartpole_dqn.toml``
@@ -142,7 +152,7 @@ def _timed_controller(services: int, population: int = 1) -> tuple[Any, Timed]:
     from tianji.run.config import load_config
     from tianji.run.plan import RunPlan
     from tianji.runtime.controller import Controller
-    from tianji.runtime.events import Heartbeat
+    from tianji.runtime.events import Heartbeat, HeartbeatBatch
     from tianji.services.balancer import Balancer
     from tianji.services.population import PopulationBalancer
 
@@ -157,12 +167,17 @@ def _timed_controller(services: int, population: int = 1) -> tuple[Any, Timed]:
     balancer = Timed(inner, list(balancers.values()))
 
     class TimedController(Controller):
-        heartbeats_received = 0
+        heartbeats_received = 0  # direct and in batches
+        batches_received = 0
 
         async def on_request(self, ev: Any, conn: Any) -> None:
             if isinstance(ev, Heartbeat):
                 balancer.pending.append(ev.sent_at)
                 self.heartbeats_received += 1
+            elif isinstance(ev, HeartbeatBatch):  # each heartbeat timed from its sent_at
+                balancer.pending.extend(hb.sent_at for hb in ev.heartbeats)
+                self.heartbeats_received += len(ev.heartbeats)
+                self.batches_received += 1
             await super().on_request(ev, conn)
 
     return TimedController(bind="tcp://127.0.0.1:0", plugins=[balancer]), balancer
@@ -213,7 +228,8 @@ async def _controller_main(job: dict[str, Any]) -> dict[str, Any]:
 
     progress_task = asyncio.create_task(progress())
     try:
-        await ctl.wait_until(lambda c: len(c.registry) >= services, JOIN_TIMEOUT)
+        everyone = services + int(job.get("aggregators", 0))
+        await ctl.wait_until(lambda c: len(c.registry) >= everyone, JOIN_TIMEOUT)
         await asyncio.sleep(float(job["warmup"]))
         window = await _window(ctl, balancer, float(job["seconds"]))
         return {"services": services, "population": population, **window}
@@ -227,7 +243,12 @@ async def _controller_main(job: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _window(ctl: Any, balancer: Any, seconds: float) -> dict[str, Any]:
-    """The controller's figures over a window of ``seconds`` from now."""
+    """The controller's figures over a window of ``seconds`` from now (and the CPU of the
+    aggregators registered with it, processes of this host)."""
+    from tianji.runtime.controller import AGGREGATOR_ROLE
+
+    aggregators = [r.pid for r in ctl.registry.values() if r.role == AGGREGATOR_ROLE]
+    agg_cpu0, batches0 = _cpu_s_of(aggregators), ctl.batches_received
     cpu0, t0 = _cpu_s(), time.monotonic()
     beats0, decisions0 = ctl.heartbeats_received, balancer.decisions
     commands0 = sum(balancer.commands.values())
@@ -235,6 +256,7 @@ async def _window(ctl: Any, balancer: Any, seconds: float) -> dict[str, Any]:
     await asyncio.sleep(seconds)
     window = time.monotonic() - t0
     cpu = _cpu_s() - cpu0
+    agg_cpu = _cpu_s_of(aggregators) - agg_cpu0
     latencies = [x * 1000 for x in balancer.latencies]
     return {
         "registered": len(ctl.registry),
@@ -246,6 +268,9 @@ async def _window(ctl: Any, balancer: Any, seconds: float) -> dict[str, Any]:
         "decisions_per_s": round((balancer.decisions - decisions0) / window, 1),
         "commands_per_s": round((sum(balancer.commands.values()) - commands0) / window, 1),
         "window_s": round(window, 2),
+        "aggregators": len(aggregators),
+        "aggregator_cpu_share": round(agg_cpu / window, 4),  # all of them together
+        "batches_per_s": round((ctl.batches_received - batches0) / window, 1),
     }
 
 
@@ -263,6 +288,8 @@ def _worker(kind: str) -> int:
     job = json.loads(sys.stdin.readline())
     if kind == "controller":
         result = run(_controller_main(job))
+    elif kind == "aggregator":
+        result = run(_aggregator_main(job))
     else:
         from tianji.bench.scale_sim import Simulator
 
@@ -274,30 +301,66 @@ def _worker(kind: str) -> int:
     return 0
 
 
+async def _aggregator_main(job: dict[str, Any]) -> dict[str, Any]:
+    """A node's real heartbeat aggregator, of the node (locality) a simulator stands for,
+    until stdin closes."""
+    from tianji.runtime.aggregator import HeartbeatAggregator
+    from tianji.runtime.loop import in_daemon_thread
+
+    agg = HeartbeatAggregator(job["name"], bind="tcp://127.0.0.1:0", controller=job["address"])
+    agg.locality = job["locality"]
+    task = asyncio.create_task(agg.run())
+    await agg.wait_ready()
+    print(json.dumps({"address": agg.address}), flush=True)
+    await in_daemon_thread(sys.stdin.read, "stdin")
+    agg.stop("bench over")
+    await task
+    return dict(agg.counters)
+
+
+def _first_line(proc: subprocess.Popen[str], what: str) -> dict[str, Any]:
+    """The JSON line a child prints when it is up.
+
+    Raises:
+        RuntimeError: with its stderr, if it ended instead.
+    """
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        err = proc.stderr.read() if proc.stderr is not None else ""
+        raise RuntimeError(f"the {what} did not start: {err[-2000:]}")
+    got: dict[str, Any] = json.loads(line)
+    return got
+
+
 # ------------------------------------------------------------------------- the driver
 def measure_control(
-    services: int, seconds: float, warmup: float, population: int = 1
+    services: int, seconds: float, warmup: float, population: int = 1, aggregators: bool = False
 ) -> dict[str, Any]:
     """One control row: a controller process, ``SIM_PROCESSES`` simulator processes; with
     a ``population`` of N, the services are N members' (:func:`roles_of`) and the
-    controller balances them as a population run does.
+    controller balances them as a population run does. With ``aggregators``, each
+    simulator process stands for a node with a real heartbeat aggregator process
+    (:class:`~tianji.runtime.aggregator.HeartbeatAggregator`) that its services heartbeat
+    through (registration and commands stay on their own controller links).
 
     Raises:
         RuntimeError: when a process fails or the join does not finish (with its stderr).
     """
     cmd = [sys.executable, "-m", "tianji.bench.scale_control"]
+    nodes = SIM_PROCESSES if aggregators else 0
     job: dict[str, Any] = {
         "services": services, "seconds": seconds, "warmup": warmup, "population": population,
+        "aggregators": nodes,
     }  # fmt: skip
     ctl = start_json_child([*cmd, "--controller"], job)
     sims: list[subprocess.Popen[str]] = []
     try:
-        assert ctl.stdout is not None
-        line = ctl.stdout.readline()
-        if not line:
-            err = ctl.stderr.read() if ctl.stderr is not None else ""
-            raise RuntimeError(f"the controller did not start: {err[-2000:]}")
-        address = json.loads(line)["address"]
+        address = _first_line(ctl, "controller")["address"]
+        for k in range(nodes):  # up before the services, as a launcher starts them
+            agg_job = {"address": address, "name": f"aggregator-{k}", "locality": f"node-{k}"}
+            sims.append(start_json_child([*cmd, "--aggregator"], agg_job))
+            _first_line(sims[-1], "aggregator")
         # the buffer's and learner's counters stand for the whole run: scale them by the
         # number of simulator processes (each sees its own actors' inserts)
         parts = _split(roles_of(services, population), SIM_PROCESSES)
@@ -308,6 +371,8 @@ def measure_control(
                 "names": part,
                 "phases": phases,
                 "scale": len(parts),
+                "locality": f"node-{k}" if aggregators else "",
+                "aggregated": aggregators,
             }
             sims.append(start_json_child([*cmd, "--sim"], job))
         _wait_for(ctl, sims, JOIN_TIMEOUT + warmup + seconds + 60)
@@ -348,11 +413,17 @@ def _registry_figures(sims: list[subprocess.Popen[str]]) -> dict[str, Any]:
     register: list[float] = []
     retried = 0
     joins: list[float] = []
+    aggregated: dict[str, int] = {}  # the aggregators' counters, summed
     for sim in sims:
         sim_out, _ = sim.communicate(timeout=60)  # closes its stdin: it stops, reports
         lines = sim_out.strip().splitlines()
         if lines and lines[-1].startswith("{"):
             got = json.loads(lines[-1])
+            if "register_ms" not in got:  # an aggregator's counters
+                for key in ("heartbeats_in", "heartbeats_out", "batches_out", "superseded"):
+                    aggregated[f"aggregator_{key}"] = aggregated.get(f"aggregator_{key}", 0)
+                    aggregated[f"aggregator_{key}"] += int(got.get(key, 0))
+                continue
             register += got["register_ms"]
             joins.append(got["join_s"])
             retried += got["connect_retries"]
@@ -361,6 +432,7 @@ def _registry_figures(sims: list[subprocess.Popen[str]]) -> dict[str, Any]:
         "register_p99_ms": round(percentile(register, 99), 2) if register else None,
         "join_s": round(max(joins), 2) if joins else None,
         "connect_retries": retried,
+        **aggregated,
     }
 
 
@@ -369,4 +441,5 @@ def _split(items: Sequence[tuple[str, str]], parts: int) -> list[list[tuple[str,
 
 
 if __name__ == "__main__":
-    sys.exit(_worker("controller" if "--controller" in sys.argv else "sim"))
+    kinds = [k for k in ("controller", "aggregator") if f"--{k}" in sys.argv]
+    sys.exit(_worker(kinds[0] if kinds else "sim"))

@@ -3,7 +3,9 @@ each with its own TCP connection to the controller and the real wire events. It 
 (``RegisterService`` with its role's topics), watches its role's topics (``WatchTopics``),
 then sends a ``Heartbeat`` every second with its role's counters moving as in a run (actors
 insert a fragment a second while granted; the learner consumes what the buffer inserted)
-and reads the controller's commands (pause/resume, grants). Started by
+and reads the controller's commands (pause/resume, grants). With ``aggregated``, each
+also watches the heartbeat aggregator's pseudo-topic and sends its heartbeats to the
+aggregator the controller names, on a connection of its own. Started by
 :func:`tianji.bench.scale_control.measure_control`."""
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from tianji.rl.topics import (
     priorities_topic,
     trajectories_topic,
 )
+from tianji.runtime.aggregation import HEARTBEATS_TOPIC
 from tianji.runtime.codec import Codec
 from tianji.runtime.core import Limits
 from tianji.runtime.errors import TianjiError
@@ -73,6 +76,7 @@ class _Sim:
     def __init__(self, name: str, role: str, phase: float) -> None:
         self.name, self.role, self.phase = name, role, phase
         self.conn: Any = None
+        self.aggregator: Any = None  # the connection to its node's aggregator, while up
         self.sent_at = 0.0
         self.waiting: set[str] = set()
         self.answered: float | None = None
@@ -97,7 +101,9 @@ class Simulator:
             _Sim(name, role, phase)
             for (name, role), phase in zip(job["names"], job["phases"], strict=True)
         ]
-        self.host = f"sim-{os.getpid()}"
+        self.host = job.get("locality") or f"sim-{os.getpid()}"
+        self.aggregated = bool(job.get("aggregated"))  # heartbeats through an aggregator
+        self.gate = asyncio.Semaphore(64)  # connections being made at once
         self.answered: list[_Sim] = []
         self.retries: list[str] = []  # connects that failed (the controller's queue was full)
         self.all_answered = asyncio.Event()
@@ -117,9 +123,8 @@ class Simulator:
             stop.set()
 
         threading.Thread(target=wait_for_eof, daemon=True).start()
-        gate = asyncio.Semaphore(64)  # connections being made at once, per simulator
         joined0 = time.time()
-        await asyncio.gather(*(self._join(s, gate) for s in self.sims))
+        await asyncio.gather(*(self._join(s, self.gate) for s in self.sims))
         await self.all_answered.wait()
         joined = time.time()
         start = time.monotonic()
@@ -135,6 +140,8 @@ class Simulator:
             await asyncio.sleep(0.01)
         for sim in self.sims:
             sim.conn.abort()
+            if sim.aggregator is not None:
+                sim.aggregator.abort()
         for task in self.tasks:
             task.cancel()
         waits = [(s.answered - s.sent_at) * 1000 for s in self.sims if s.answered is not None]
@@ -148,6 +155,9 @@ class Simulator:
                 ev = self.codec.decode(got[1:])
                 if isinstance(ev, ServiceRegistered):
                     sim.waiting.discard("")
+                elif isinstance(ev, PublishersChanged) and ev.topic == HEARTBEATS_TOPIC:
+                    if ev.addresses and sim.aggregator is None:
+                        self.tasks.append(asyncio.create_task(self._link(sim, ev.addresses[0])))
                 elif isinstance(ev, PublishersChanged):
                     sim.waiting.discard(ev.topic)
                 elif isinstance(ev, GrantProduction):
@@ -162,21 +172,39 @@ class Simulator:
         except TianjiError as exc:  # the controller closed the link: the bench is over
             log.debug("%s: link closed: %r", sim.name, exc)
 
+    async def _connect(self, sim: _Sim, address: str) -> Any:
+        delay = 0.05
+        while True:  # as a service does: a refused or reset connect is tried again
+            try:
+                return await transport_for(address).connect(address, limits=self.limits)
+            except TianjiError as exc:
+                log.debug("%s: connect to %s: %r; again", sim.name, address, exc)
+                self.retries.append(sim.name)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    async def _link(self, sim: _Sim, address: str) -> None:
+        """Heartbeat through the node's aggregator (a link of its own, as a service has)
+        until the link ends (then straight to the controller again)."""
+        async with self.gate:
+            conn = await self._connect(sim, address)
+        sim.aggregator = conn
+        try:
+            while True:
+                await conn.recv()  # it sends nothing: this sees the link end
+        except TianjiError as exc:
+            log.debug("%s: aggregator link closed: %r", sim.name, exc)
+        finally:
+            sim.aggregator = None
+
     async def _join(self, sim: _Sim, gate: asyncio.Semaphore) -> None:
         publishes, watches = self.topology[sim.role]
         async with gate:
-            delay = 0.05
-            while True:  # as a service does: a refused or reset connect is tried again
-                try:
-                    sim.conn = await self.transport.connect(self.address, limits=self.limits)
-                    break
-                except TianjiError as exc:
-                    log.debug("%s: connect: %r; again", sim.name, exc)
-                    self.retries.append(sim.name)
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, 2.0)
+            sim.conn = await self._connect(sim, self.address)
             self.tasks.append(asyncio.create_task(self._reader(sim)))
             sim.waiting = {"", *watches}
+            if self.aggregated:  # told its node's aggregator (not waited for, as a service)
+                watches = (*watches, HEARTBEATS_TOPIC)
             sim.sent_at = time.time()
             reg = RegisterService(
                 name=sim.name,
@@ -225,6 +253,12 @@ class Simulator:
             sent_at=time.time(),
         )
         try:
+            if sim.aggregator is not None:
+                try:
+                    sim.aggregator.send_nowait(self._frames(hb))
+                    return
+                except TianjiError as exc:  # as a service does: straight to the controller
+                    log.debug("%s: heartbeat to the aggregator failed: %r", sim.name, exc)
             sim.conn.send_nowait(self._frames(hb))
         except TianjiError as exc:  # full or gone: this heartbeat is skipped
             log.debug("%s: heartbeat not sent: %r", sim.name, exc)

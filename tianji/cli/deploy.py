@@ -43,7 +43,9 @@ def add_deploy_parsers(sub: Any) -> None:
         help="one of the run's roles: actor, buffer, learner, params, inference or eval (with "
         "[eval] workers); or relay (optional, one per host "
         "of actors: the params service sends each version once to the host's relay, which "
-        "hands it to the host's actors through shared memory)",
+        "hands it to the host's actors through shared memory); or aggregator (optional, one "
+        "per host, started before the host's services: they send it their heartbeats and it "
+        "sends the controller one batch of them every 20 ms)",
     )
     add_run_options(p, run=False)
     p.add_argument("--controller", required=True, help="the controller's tcp://HOST:PORT")

@@ -58,7 +58,7 @@ from tianji.rl.config import RunConfig, to_dict
 from tianji.rl.config_ops import RecoveryConfig
 from tianji.run.plan import RunPlan
 from tianji.run.recovery import restart_policy
-from tianji.runtime.controller import REFUSED, RELAY_ROLE
+from tianji.runtime.controller import AGGREGATOR_ROLE, REFUSED, RELAY_ROLE
 from tianji.runtime.errors import ConfigError, ServiceFailed
 from tianji.runtime.loop import dump_tasks, run
 from tianji.runtime.service import Service
@@ -311,6 +311,13 @@ def _resume_reincarnated(
     return reincarnated
 
 
+PER_HOST = {
+    RELAY_ROLE: "tianji.services.params:ParamsRelay",
+    AGGREGATOR_ROLE: "tianji.runtime.aggregator:HeartbeatAggregator",
+}
+"""The optional services of one host (``tianji serve relay|aggregator``) and their factories."""
+
+
 def serve_spec(
     config: RunConfig,
     role: str,
@@ -327,17 +334,12 @@ def serve_spec(
         ConfigError: naming the role or index when the config has no such service.
     """
     specs = RunPlan.build(config).specs
-    if role == RELAY_ROLE:  # optional, one per host of actors: not one of the run's services
-        relay = ServiceSpec(
-            name=f"{RELAY_ROLE}-{index}",
-            role=RELAY_ROLE,
-            factory="tianji.services.params:ParamsRelay",
-            bind=bind,
-        )
-        specs = [*specs, relay]
+    if role in PER_HOST:  # optional, one per host: not one of the run's services
+        extra = ServiceSpec(name=f"{role}-{index}", role=role, factory=PER_HOST[role], bind=bind)
+        specs = [*specs, extra]
     roles = sorted({s.role for s in specs})
     if role not in roles:
-        raise ConfigError("ROLE", role, f"one of the run's roles {roles} or {RELAY_ROLE!r}")
+        raise ConfigError("ROLE", role, f"one of the run's roles {roles} or {sorted(PER_HOST)}")
     same = [s for s in specs if s.role == role]
     name = f"{role}-{index}"
     found = [s for s in same if s.name == name]

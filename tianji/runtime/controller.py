@@ -34,11 +34,13 @@ from typing import Any, Protocol, TypeVar
 
 import msgspec
 
+from tianji.runtime.aggregation import AGGREGATOR_ROLE, HEARTBEATS_TOPIC
 from tianji.runtime.core import Connection
 from tianji.runtime.errors import TianjiError
 from tianji.runtime.events import (
     Event,
     Heartbeat,
+    HeartbeatBatch,
     PublishersChanged,
     RegisterService,
     ServiceRegistered,
@@ -49,15 +51,8 @@ from tianji.runtime.events import (
 from tianji.runtime.registry import Registry
 from tianji.runtime.service import CONTROL, Service
 
-__all__ = [
-    "REFUSED",
-    "RELAY_ROLE",
-    "Controller",
-    "ControllerPlugin",
-    "Registry",
-    "Send",
-    "ServiceRecord",
-]
+__all__ = ["AGGREGATOR_ROLE", "HEARTBEATS_TOPIC", "REFUSED", "RELAY_ROLE", "Controller"]
+__all__ += ["ControllerPlugin", "Registry", "Send", "ServiceRecord"]
 
 log = logging.getLogger("tianji.controller")
 
@@ -75,7 +70,8 @@ second; spaced so, it costs O(services) per interval and at most a bounded share
 
 RELAY_ROLE = "relay"
 """Services of this role republish a topic for the subscribers of their locality (a
-per-host params relay): those subscribers are told the relay only, the relay the origin."""
+per-host params relay): those subscribers are told the relay only, the relay the origin.
+A node's heartbeat aggregator: :mod:`tianji.runtime.aggregation`."""
 REFUSED = "refused:"
 """How the reason of a :class:`Shutdown` refusing a registration starts."""
 
@@ -194,6 +190,11 @@ class Controller(Service):
         the subscribers of a locality without one are told the topic's other publishers.
         """
         records = [r for r in self.registry.values() if topic_name in r.publishes]
+        if topic_name == HEARTBEATS_TOPIC:  # only the aggregator of the subscriber's node
+            records = sorted(
+                (r for r in records if locality and r.locality == locality),
+                key=lambda r: r.name,
+            )[:1]
         relays = [r for r in records if r.role == RELAY_ROLE]
         if relays:
             # one relay per locality: of two (one restarted away from its lost node, say)
@@ -314,23 +315,49 @@ class Controller(Service):
                 )
         elif isinstance(ev, Heartbeat):
             record = self.registry.get(ev.name)
-            if (
-                record is not None
-                and record.conn is conn
-                and self._incarnations.get(ev.name, ()) is not None  # not a retired one's
-            ):
-                self.heartbeats[ev.name] = ev
-                record.last_heartbeat = ev
-                record.last_seen = time.monotonic()
-                if any(ev.role in plugin.roles for plugin in self.plugins):
-                    self._plugins_wanted.set()  # decided by _plugin_loop, one at a time
-                self._notify()
+            if record is not None and record.conn is conn and self._take(ev, record):
+                self._plugins_wanted.set()  # decided by _plugin_loop, one at a time
+            self._notify()
+        elif isinstance(ev, HeartbeatBatch):
+            self._take_batch(ev, conn)
         elif isinstance(ev, ServiceReported):
             self.reports[ev.name] = ev
             log.info("%s reported %s: %s", ev.name, ev.status, ev.summary)
             self._notify()
         else:
             await super().on_request(ev, conn)
+
+    def _take(self, hb: Heartbeat, record: ServiceRecord) -> bool:
+        """Keep ``hb`` as the latest of ``record``'s service, unless that service retired
+        (``hb`` is a dead incarnation's). True if a plug-in wants to see it."""
+        if self._incarnations.get(hb.name, ()) is None:
+            self.counters["heartbeats_refused"] += 1
+            return False
+        self.heartbeats[hb.name] = hb
+        record.last_heartbeat = hb
+        record.last_seen = time.monotonic()
+        return any(hb.role in plugin.roles for plugin in self.plugins)
+
+    def _take_batch(self, batch: HeartbeatBatch, conn: Connection) -> None:
+        """Take the heartbeats of an aggregator's batch as direct ones, each only if its
+        service is registered on the aggregator's node; wake the plug-ins once."""
+        sender = self._record_of(conn)
+        if sender is None or sender.role != AGGREGATOR_ROLE or not sender.locality:
+            self.counters["heartbeat_batches_refused"] += 1
+            log.warning("%s's heartbeat batch: not a registered aggregator's", batch.aggregator)
+            return
+        wanted = False
+        for hb in batch.heartbeats:
+            record, kept = self.registry.get(hb.name), self.heartbeats.get(hb.name)
+            if record is None or record.locality != sender.locality:
+                self.counters["heartbeats_refused"] += 1
+            elif kept is not None and hb.sent_at < kept.sent_at:  # a direct one overtook it
+                self.counters["heartbeats_overtaken"] += 1
+            elif self._take(hb, record):
+                wanted = True
+        if wanted:
+            self._plugins_wanted.set()
+        self._notify()
 
     async def _register(self, ev: RegisterService, conn: Connection) -> None:
         if self.run_digest and ev.run_digest and ev.run_digest != self.run_digest:

@@ -9,7 +9,8 @@ the policy that produced the data, so staleness can be measured where data is co
 
 Field types the codec understands: ``None``, ``bool``, ``int``, ``float``, ``str``,
 ``bytes``, ``numpy.ndarray`` (numeric dtypes), ``tuple[X, ...]`` and ``dict[str, X]`` of
-those. Use :func:`topic` to name topics, never string literals::
+those, and other events (a :class:`HeartbeatBatch` carries heartbeats). Use
+:func:`topic` to name topics, never string literals::
 
     >>> topic(Heartbeat)
     'Heartbeat'
@@ -31,6 +32,7 @@ __all__ = [
     "Event",
     "EventInfo",
     "Heartbeat",
+    "HeartbeatBatch",
     "BoardPosted",
     "PublishersChanged",
     "RegisterService",
@@ -261,6 +263,16 @@ class Heartbeat(Event):
     sent_at: float
     links_down: dict[str, str] = msgspec.field(default_factory=dict)
     """Publisher address -> why this service cannot connect to it (failing links only)."""
+
+
+@event
+class HeartbeatBatch(Event):
+    """Fact: a node's heartbeat aggregator (``aggregator``, its service name) forwards the
+    latest heartbeat of each service of its node that sent one since its last batch
+    (:mod:`tianji.runtime.aggregator`)."""
+
+    aggregator: str
+    heartbeats: tuple[Heartbeat, ...]
 
 
 @event

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from tianji.runtime.events import Event, EventInfo
+from tianji.runtime.events import Event, EventInfo, event_info
 
 __all__ = ["MAX_DEPTH", "PRIMITIVES", "Check", "event_check"]
 
@@ -91,6 +91,8 @@ def _compile(hint: Any) -> Check:
     """
     if hint is Any or hint is object:
         return _is_plain
+    if isinstance(hint, type) and issubclass(hint, Event):
+        return _compile_event(hint)
     leaf = _leaf_types(hint)
     if leaf is not None:
         if np.ndarray in leaf:  # encode may see ndarray subclasses (np.memmap)
@@ -106,6 +108,16 @@ def _compile(hint: Any) -> Check:
     if origin is dict:
         return _compile_dict(args[0], args[1])
     raise TypeError(f"event fields cannot be annotated {hint!r}")
+
+
+def _compile_event(cls: type[Event]) -> Check:
+    """An event held in another's field (a heartbeat in a batch): of that exact class,
+    every field checked as the event's own."""
+    info = event_info(cls.TYPE)
+    if info is None or info.cls is not cls:
+        raise TypeError(f"event fields cannot hold {cls!r}: not declared with @event")
+    fields = event_check(info)
+    return lambda v, d: type(v) is cls and fields(v) is None
 
 
 def _compile_tuple(args: tuple[Any, ...]) -> Check:

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Final
 
 from tianji.runtime import plugins
+from tianji.runtime.aggregation import HEARTBEATS_TOPIC, UNROUTED_ROLES, HeartbeatRoute
 from tianji.runtime.core import Connection
 from tianji.runtime.errors import HandshakeRefused, ServiceFailed, TianjiError
 from tianji.runtime.events import (
@@ -78,7 +79,9 @@ def memory_gauges() -> dict[str, float]:
 class ControllerLink:
     """Registration with the controller (again after the link breaks), the topics the
     service watches, the controller's commands, and heartbeats: every
-    ``heartbeat_interval`` and soon after :meth:`report_soon`.
+    ``heartbeat_interval`` and soon after :meth:`report_soon`, through the node's
+    heartbeat aggregator when the controller names one (:attr:`route`), else straight to
+    the controller; the last one (:meth:`goodbye`) always straight to the controller.
 
     Args:
         name: the owning service's name.
@@ -124,6 +127,7 @@ class ControllerLink:
         self.watch_pending: set[str] = set()  # watched topics whose publishers are unknown
         self._report_wanted = asyncio.Event()
         self._delay = options.reconnect_min  # before the next connect, after one failed
+        self.route = HeartbeatRoute(name, options, counters)
         self._encode = encode
         self._decode = decode
         self._registration = registration
@@ -162,6 +166,7 @@ class ControllerLink:
         conn = self.conn
         if conn is None:
             return
+        self.conn = None  # no heartbeat after the last (nor through the aggregator)
         try:
             await conn.send(self._encode(self._heartbeat(), CONTROL))
             await asyncio.wait_for(conn.aclose(), 2.0)
@@ -212,9 +217,12 @@ class ControllerLink:
         True if it ended because the service is stopping."""
         self.conn = conn
         try:
-            await conn.send(self._encode(self._registration(), CONTROL))
+            registration = self._registration()
+            await conn.send(self._encode(registration, CONTROL))
             watched = tuple(self._watched())
             self.watch_pending = set(watched)
+            if registration.role not in UNROUTED_ROLES:  # (readiness does not wait for it)
+                watched = (*watched, HEARTBEATS_TOPIC)  # told its node's aggregator
             await conn.send(self._encode(WatchTopics(topics=watched), CONTROL))
             self._delay = self.options.reconnect_min
             while True:
@@ -231,8 +239,11 @@ class ControllerLink:
 
     async def _on_event(self, ev: Event) -> None:
         if isinstance(ev, PublishersChanged):
-            self.watch_pending.discard(ev.topic)
-            self._on_publishers(ev.topic, ev.addresses)
+            if ev.topic == HEARTBEATS_TOPIC:
+                self.route.set_publishers(ev.addresses)
+            else:
+                self.watch_pending.discard(ev.topic)
+                self._on_publishers(ev.topic, ev.addresses)
         elif isinstance(ev, ServiceRegistered):
             self.registered.set()
             self._on_registered(ev)
@@ -247,7 +258,13 @@ class ControllerLink:
         self._report_wanted.set()
 
     async def heartbeats(self) -> None:
-        """Send a heartbeat every ``heartbeat_interval`` and soon after :meth:`report_soon`."""
+        """Send a heartbeat every ``heartbeat_interval`` and soon after :meth:`report_soon`
+        (keeping the link to the node's aggregator, if any, meanwhile)."""
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self.route.run())
+            await self._beat()
+
+    async def _beat(self) -> None:
         last = 0.0
         loop = asyncio.get_running_loop()
         while True:
@@ -261,7 +278,9 @@ class ControllerLink:
             if conn is None:
                 continue
             try:
-                conn.send_nowait(self._encode(self._heartbeat(), CONTROL))
+                frames = self._encode(self._heartbeat(), CONTROL)
+                if not self.route.send(frames):
+                    conn.send_nowait(frames)
                 self.counters["heartbeats_sent"] += 1
             except TianjiError:
                 # The link is full (or breaking): try again after report_interval rather than
