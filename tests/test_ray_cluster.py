@@ -7,7 +7,8 @@ placed by theirs). The PPO example reaches its target; the summary says which no
 which service (none on the head); the launcher started one params relay, on the actors'
 node, so each version of the weights crossed into that node once (its link's received
 bytes against the weights' bytes; without the relay it takes two copies, one per actor),
-not once per actor."""
+not once per actor. With ``ray.aggregate_from = 1`` it also started one heartbeat
+aggregator on each node that hosts services, and the services heartbeat through it."""
 
 from __future__ import annotations
 
@@ -63,6 +64,7 @@ def test_ppo_trains_on_a_three_node_cluster_nothing_on_the_head_one_relay_per_ac
     summary_path = tmp_path / "summary.json"
     argv = [*cluster.prefix(cluster.HEAD), sys.executable, "-m", "tianji", "train", str(PPO)]
     argv += [*cluster.train_args(), "--summary", str(summary_path), "--max-seconds", "240"]
+    argv += ["--set", "ray.aggregate_from=1"]  # a node's heartbeats go through its aggregator
     before = cluster.received_bytes(cluster.ACTORS)
     started = time.monotonic()
     done = subprocess.run(
@@ -74,10 +76,15 @@ def test_ppo_trains_on_a_three_node_cluster_nothing_on_the_head_one_relay_per_ac
     s = json.loads(summary_path.read_text())
     assert s["stop_reason"] == "target_return reached", (s["stop_reason"], out)
     trainer, actors = cluster.ip(cluster.TRAINER), cluster.ip(cluster.ACTORS)
-    assert s["placement"] == {
+    placement = dict(s["placement"])
+    aggregators = {n: placement.pop(n) for n in list(placement) if n.startswith("aggregator-")}
+    assert sorted(aggregators.values()) == sorted([trainer, actors]), aggregators
+    for name in ("actor-0", "learner-0"):  # on each node, through that node's aggregator
+        assert s["services"][name]["counters"].get("heartbeats_via_aggregator", 0) > 0, name
+    assert placement == {
         "learner-0": trainer, "params-0": trainer, "buffer-0": trainer,
         "actor-0": actors, "actor-1": actors, "relay-0": actors,
-    }, s["placement"]  # fmt: skip
+    }, placement  # fmt: skip
     params = s["services"]["params-0"]["counters"]
     versions, version_bytes = params["params_version"], weights_bytes()
     relay = s["services"]["relay-0"]["counters"]

@@ -1,14 +1,15 @@
-"""Params relays planned from where Ray placed a run's services
-(:func:`tianji.launch.ray_nodes.relay_specs`), and ``[ray] custom_resources`` checked."""
+"""Params relays and heartbeat aggregators planned from where Ray placed a run's services
+(:func:`tianji.launch.ray_nodes.relay_specs`, :func:`~tianji.launch.ray_nodes.aggregator_specs`),
+and ``[ray] custom_resources`` and ``aggregate_from`` checked."""
 
 from __future__ import annotations
 
 import pytest
 
-from tianji.launch.ray_nodes import Node, relay_specs
+from tianji.launch.ray_nodes import Node, aggregator_specs, relay_specs
 from tianji.launch.spec import ServiceSpec
 from tianji.rl.config_ops import RayConfig
-from tianji.runtime.controller import RELAY_ROLE
+from tianji.runtime.controller import AGGREGATOR_ROLE, RELAY_ROLE
 from tianji.runtime.errors import ConfigError
 
 A, B, C = Node("a" * 8, "10.0.0.1"), Node("b" * 8, "10.0.0.2"), Node("c" * 8, "10.0.0.3")
@@ -54,6 +55,32 @@ def test_a_population_gets_one_relay_per_member_and_node_in_the_members_scope() 
     nodes = {"m0.params-0": A, "m0.actor-0": B, "m1.params-0": B, "m1.actor-0": B}
     relays = relay_specs(specs, nodes)  # m1's actor shares its params service's node
     assert [(r.name, r.options, n) for r, n in relays] == [("m0.relay-0", {"scope": "m0"}, B)]
+
+
+def test_one_aggregator_per_node_that_hosts_any_service_numbered_by_ip() -> None:
+    specs = [
+        spec("params-0", "params"), spec("learner-0", "learner"), spec("actor-0", "actor"),
+        spec("actor-1", "actor"), spec("relay-0", RELAY_ROLE), spec("actor-2", "actor"),
+    ]  # fmt: skip
+    nodes = {"params-0": C, "learner-0": C, "actor-0": A, "actor-1": A, "relay-0": A}
+    planned = aggregator_specs(specs, nodes)  # actor-2 is not placed yet: B hosts nothing
+    assert [(a.name, a.role, node) for a, node in planned] == [
+        ("aggregator-0", AGGREGATOR_ROLE, A),
+        ("aggregator-1", AGGREGATOR_ROLE, C),
+    ]
+    aggregator = planned[0][0]
+    assert aggregator.factory == "tianji.runtime.aggregator:HeartbeatAggregator"
+    assert aggregator.bind == "tcp://0.0.0.0:0"
+    assert aggregator_specs(specs, {}) == []
+    placed = [*specs, *(a for a, _ in planned)]  # the aggregators themselves add no node
+    with_own = {**nodes, "aggregator-0": A, "aggregator-1": C}
+    assert [n for _, n in aggregator_specs(placed, with_own)] == [A, C]
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, "many", True])
+def test_a_bad_aggregate_from_is_refused_naming_it(value: object) -> None:
+    with pytest.raises(ConfigError, match=r"ray\.aggregate_from"):
+        RayConfig(aggregate_from=value)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,9 @@ Placement and addresses:
 Once every actor runs, the launcher prints (and the summary keeps, ``placement``) the node
 each service runs on; on a cluster of several nodes it then starts one params relay on
 each node of actors that lacks the params service (:mod:`tianji.launch.ray_nodes`,
-``ray.relays``). ``ray.custom_resources`` pins roles to the nodes that offer them.
+``ray.relays``), and, in a run of ``ray.aggregate_from`` services or more, one heartbeat
+aggregator on each node that hosts any. ``ray.custom_resources`` pins roles to the nodes
+that offer them.
 
 A dead actor (``ray.kill``, a crashed or killed worker process, a lost node) is a dead
 service, exactly as a dead child process is locally: within the run's restart limit
@@ -56,7 +58,7 @@ from types import ModuleType
 from typing import Any
 
 from tianji.launch.base import Handle, Launcher, LaunchPlan
-from tianji.launch.ray_nodes import Node, relay_specs
+from tianji.launch.ray_nodes import Node, aggregator_specs, relay_specs
 from tianji.launch.spec import ServiceSpec, build_service
 from tianji.rl.config_ops import RayConfig
 from tianji.runtime.errors import ConfigError, ServiceFailed
@@ -416,30 +418,34 @@ class RayLauncher(Launcher):
         await self._await_placed(handles)
         nodes = {h.spec.name: h.node for h in handles if h.node is not None}
         if self.resources.relays and len(set(nodes.values())) > 1:
-            await self._start_relays(nodes)
+            await self._start_on_nodes(relay_specs(self.specs, nodes))
+        wanted = self.resources.aggregate_from
+        if wanted and len(self.specs) >= wanted:
+            await self._start_on_nodes(aggregator_specs(self.specs, nodes))
         by_node: dict[str, list[str]] = collections.defaultdict(list)
         for name, ip in self.placement.items():
             by_node[ip].append(name)
         where = "; ".join(f"{ip}: {', '.join(names)}" for ip, names in sorted(by_node.items()))
         print(f"placed on Ray nodes: {where}", flush=True)
 
-    async def _start_relays(self, nodes: dict[str, Node]) -> None:
-        """One params relay on each node that needs one (see :mod:`tianji.launch.ray_nodes`).
+    async def _start_on_nodes(self, planned: list[tuple[ServiceSpec, Node]]) -> None:
+        """Start each planned service on its node (params relays, heartbeat aggregators:
+        see :mod:`tianji.launch.ray_nodes`).
 
         Raises:
-            ServiceFailed: naming a relay not placed within ``placement_timeout``.
+            ServiceFailed: naming one not placed within ``placement_timeout``.
         """
-        relays = []
-        for spec, node in relay_specs(self.specs, nodes):
+        started = []
+        for spec, node in planned:
             spec = dataclasses.replace(spec, controller=self.controller.address)
             self._pinned[spec.name] = node.node_id
             self.specs.append(spec)
             handle = await self._spawn(spec)
             self.children[spec.name] = handle
             self._born[spec.name] = time.monotonic()
-            relays.append(handle)
-            log.info("params relay %s on node %s", spec.name, node.ip)
-        await self._await_placed([h for h in relays if isinstance(h, _RayActor)])
+            started.append(handle)
+            log.info("%s on node %s", spec.name, node.ip)
+        await self._await_placed([h for h in started if isinstance(h, _RayActor)])
 
     async def _await_placed(self, handles: Sequence[_RayActor]) -> None:
         """Wait until each handle's actor answered where it runs (one that died is

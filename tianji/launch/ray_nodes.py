@@ -1,4 +1,5 @@
-"""Where a Ray run's services landed, and the params relays that follow from it.
+"""Where a Ray run's services landed, and the params relays and heartbeat aggregators
+that follow from it.
 
 On a cluster of several nodes the params service would send every new version of the
 weights to every actor and inference service, most of them on other nodes: one copy per
@@ -9,6 +10,11 @@ workers) but not the params service they take them from; the controller then poi
 node's subscribers at the relay (it shares their locality), so each version crosses to
 the node once. A population run gets one relay per member and node (the relay of member
 ``m1`` carries ``m1``'s weights only).
+
+A large run (``ray.aggregate_from`` services or more) also gets one heartbeat aggregator
+on each node that hosts any of its services (:func:`aggregator_specs`): the node's
+services heartbeat through it, and the controller receives one batch per node and flush
+instead of one message per service.
 
 :class:`Node` is what the launcher knows of a service's node (id and
 IP), reported by the actor itself once it runs.
@@ -21,15 +27,16 @@ from collections.abc import Mapping, Sequence
 from typing import Final
 
 from tianji.launch.spec import ServiceSpec
-from tianji.runtime.controller import RELAY_ROLE
+from tianji.runtime.controller import AGGREGATOR_ROLE, RELAY_ROLE
 from tianji.runtime.scope import full_name
 
-__all__ = ["PARAMS_TAKERS", "Node", "relay_specs"]
+__all__ = ["PARAMS_TAKERS", "Node", "aggregator_specs", "relay_specs"]
 
 PARAMS_TAKERS: Final = ("actor", "inference", "eval")
 """The roles that subscribe to the params service's weights."""
 
 RELAY_FACTORY: Final = "tianji.services.params:ParamsRelay"
+AGGREGATOR_FACTORY: Final = "tianji.runtime.aggregator:HeartbeatAggregator"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -77,3 +84,29 @@ def relay_specs(
             )
             out.append((relay, node))
     return out
+
+
+def aggregator_specs(
+    specs: Sequence[ServiceSpec], nodes: Mapping[str, Node]
+) -> list[tuple[ServiceSpec, Node]]:
+    """One heartbeat aggregator per node that hosts any of ``specs`` (placed ones, by
+    ``nodes``), named ``aggregator-<k>`` in the order of the nodes' IPs; it binds like the
+    first service placed on its node."""
+    first: dict[Node, ServiceSpec] = {}
+    for spec in specs:
+        node = nodes.get(spec.name)
+        if node is not None and spec.role != AGGREGATOR_ROLE:
+            first.setdefault(node, spec)
+    placed = sorted(first, key=lambda n: n.ip)
+    return [
+        (
+            ServiceSpec(
+                name=f"{AGGREGATOR_ROLE}-{k}",
+                role=AGGREGATOR_ROLE,
+                factory=AGGREGATOR_FACTORY,
+                bind=first[node].bind,
+            ),
+            node,
+        )
+        for k, node in enumerate(placed)
+    ]

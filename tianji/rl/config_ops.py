@@ -69,7 +69,7 @@ class CheckpointConfig:
         return self.every_updates > 0 or self.every_seconds > 0
 
 
-RESTARTABLE_ROLES = ("actor", "inference", "buffer", "eval", "params", "relay")
+RESTARTABLE_ROLES = ("actor", "inference", "buffer", "eval", "params", "relay", "aggregator")
 LEARNER_ON_DEATH = ("stop", "resume")
 BUFFER_ON_RESTART = ("empty", "snapshot")
 RESTARTS = 5
@@ -140,15 +140,19 @@ class RecoveryConfig:
         return self.restarts.get(role, RESTARTS) if role in RESTARTABLE_ROLES else 0
 
 
-RAY_ROLES = ("actor", "buffer", "learner", "params", "inference", "eval", "relay")
+RAY_ROLES = ("actor", "buffer", "learner", "params", "inference", "eval", "relay", "aggregator")
 RAY_DEFAULT_CPUS = {
     "actor": 0.5, "learner": 0.5, "buffer": 0.2, "params": 0.1, "inference": 0.2, "eval": 0.1,
-    "relay": 0.01,
+    "relay": 0.01, "aggregator": 0.01,
 }  # fmt: skip
 """CPUs per service of each role on Ray: two actors, learner, buffer and params take 1.8,
 so a run of the examples fits a 2-CPU machine (Ray counts reservations, not use). A params
-relay reserves a token 0.01 (Ray places an actor that reserves nothing on any node,
-whatever node it is asked for)."""
+relay and a heartbeat aggregator reserve a token 0.01 (Ray places an actor that reserves
+nothing on any node, whatever node it is asked for)."""
+AGGREGATE_FROM = 1000
+"""``ray.aggregate_from``'s default: the run size (services) from which each node gets a
+heartbeat aggregator (``tianji bench scale``'s control rows measure 1,000 services with
+and without them)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -172,10 +176,18 @@ class RayConfig:
     """On a cluster of several nodes, start a params relay on each node that hosts actors,
     inference services or eval workers but not their params service, so each new version
     of the weights crosses to a node once (``tianji.launch.ray_nodes``)."""
+    aggregate_from: int = AGGREGATE_FROM
+    """Once the run has this many services, start a heartbeat aggregator on each node that
+    hosts any (``tianji.runtime.aggregator``): the node's services send it their heartbeats
+    and it sends the controller one batch of them per flush interval, so the controller's
+    cost grows with nodes, not services; a heartbeat then reaches the controller up to one
+    flush interval later. 0: never; 1: always."""
 
     def __post_init__(self) -> None:
         if self.address is not None and not self.address.strip():
             raise ConfigError("ray.address", self.address, "HOST:PORT, 'auto' or no value")
+        if type(self.aggregate_from) is not int or self.aggregate_from < 0:
+            raise ConfigError("ray.aggregate_from", self.aggregate_from, "an int >= 0")
         for key in ("num_cpus", "num_gpus"):
             for role, value in getattr(self, key).items():
                 if role not in RAY_ROLES:
