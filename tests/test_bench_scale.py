@@ -1,6 +1,7 @@
 """``tianji bench scale``: its plan, its goals and tables from rows, the simulated run's
-roles, and one real control row and one real fan-out row with a few services (the full
-figures come from ``tianji bench scale``; ``--quick`` runs in ``.ci/run``)."""
+roles, and real control rows (direct and through heartbeat aggregators) and one real
+fan-out row with a few services (the full figures come from ``tianji bench scale``;
+``--quick`` runs in ``.ci/run``)."""
 
 from __future__ import annotations
 
@@ -33,11 +34,15 @@ def test_a_simulated_run_has_its_four_fixed_services_and_actors() -> None:
 
 def _rows() -> list[dict]:
     return [
-        {"part": "control", "services": 1000, "controller_cpu_share": 0.04,
+        {"part": "control", "services": 1000, "aggregators": 0, "controller_cpu_share": 0.04,
          "decision_p50_ms": 2.0, "decision_p99_ms": 60.0, "register_p50_ms": 1.0,
          "register_p99_ms": 3.0, "join_s": 1.2, "controller_rss_mb": 300.0,
          "heartbeats_per_s": 1000.0},
-        {"part": "control", "services": 10_000, "controller_cpu_share": 0.7,
+        {"part": "control", "services": 1000, "aggregators": 2, "controller_cpu_share": 0.06,
+         "aggregator_cpu_share": 0.05, "decision_p50_ms": 12.0, "decision_p99_ms": 40.0,
+         "register_p50_ms": 1.0, "register_p99_ms": 3.0, "join_s": 1.2,
+         "controller_rss_mb": 300.0, "heartbeats_per_s": 1000.0},
+        {"part": "control", "services": 10_000, "aggregators": 0, "controller_cpu_share": 0.7,
          "decision_p50_ms": 20.0, "decision_p99_ms": 300.0, "register_p50_ms": 5.0,
          "register_p99_ms": 30.0, "join_s": 20.0, "controller_rss_mb": 900.0,
          "heartbeats_per_s": 10000.0},
@@ -58,10 +63,16 @@ def _rows() -> list[dict]:
 
 def test_goals_compare_rows_of_one_run() -> None:
     by_goal = {g["goal"]: g for g in goals(_rows())}
-    cpu = by_goal["controller CPU share at 1,000 services <= 0.05 core"]
+    cpu = by_goal["controller CPU share at 1,000 services, direct <= 0.05 core"]
     assert (cpu["measured"], cpu["status"]) == (0.04, "PASS")
-    assert by_goal["controller CPU share at 10,000 services <= 0.5 core"]["status"] == "MISS"
-    assert by_goal["decision latency p99 at 1,000 services <= 50 ms"]["status"] == "MISS"
+    agg = by_goal["controller CPU share at 1,000 services, with aggregators <= 0.05 core"]
+    assert (agg["measured"], agg["status"]) == (0.06, "MISS")
+    big = "controller CPU share at 10,000 services, {} <= 0.5 core"
+    assert by_goal[big.format("direct")]["status"] == "MISS"
+    assert by_goal[big.format("with aggregators")]["status"] == "N/A"  # no such row
+    late = "decision latency p99 at 1,000 services, {} <= 50 ms"
+    assert by_goal[late.format("direct")]["status"] == "MISS"
+    assert by_goal[late.format("with aggregators")]["status"] == "PASS"
     fan = by_goal["weights of 1 MB to 64 local actors <= 2 x to 1"]
     assert (fan["measured"], fan["status"]) == (5.0, "MISS")
     local = next(g for g in by_goal.values() if "64 subscribers on 1 host(s)" in g["goal"])
@@ -79,7 +90,8 @@ def test_goals_compare_rows_of_one_run() -> None:
 def test_the_table_shows_every_part_and_the_failed_cell() -> None:
     rows = _rows()
     text = markdown({"rows": rows, "goals": goals(rows)})
-    assert "| 10,000 | 0.700 | 20.0 / 300.0 |" in text
+    assert "| 10,000 | none | 0.700 | 20.0 / 300.0 |" in text
+    assert "| 1,000 | 2 (0.050 core) | 0.060 | 12.0 / 40.0 |" in text
     assert "| 2 | 1,700 |" in text
     assert "| 64 | 1 | 1 | 0.0500 | 64.0 |" in text
     assert "error: RuntimeError: boom" in text and "| MISS |" in text
@@ -104,6 +116,10 @@ def test_a_small_control_row_and_fanout_row_are_measured_for_real() -> None:
     assert row["part"] == "control" and row["registered"] == 12
     assert row["heartbeats_per_s"] > 5 and row["decision_p99_ms"] is not None
     assert row["register_p50_ms"] is not None and 0 < row["controller_cpu_share"] < 2
+    through = measure_control(12, seconds=2.0, warmup=0.5, aggregators=True)
+    assert through["aggregators"] == 2 and through["registered"] == 14  # the services, and them
+    assert through["batches_per_s"] > 0 and through["heartbeats_per_s"] > 5
+    assert through["aggregator_heartbeats_out"] > 0 and through["decision_p99_ms"] is not None
     (fan,) = measure_fanout(2, [100_000])
     assert fan["subscribers"] == 2 and fan["hosts"] == 1 and fan["seconds_to_all"] > 0
     assert fan["params_bytes_sent"] >= 2 * 100_000
