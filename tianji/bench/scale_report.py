@@ -120,17 +120,8 @@ def _find(rows: list[Row], part: str, **match: Any) -> Row | None:
     return None
 
 
-def goals(rows: list[Row]) -> list[dict[str, Any]]:
-    """The issue's goals, from the rows of one run (``N/A`` where a row is missing)."""
-    out: list[GoalResult] = []
-
-    def add(
-        goal: str, measured: float | None, target: float, ok: bool | None, note: str = ""
-    ) -> None:
-        status = "N/A" if ok is None else ("PASS" if ok else "MISS")
-        value = None if measured is None else round(measured, 4)
-        out.append(GoalResult(goal, value, target, status, note))
-
+def _control_goals(rows: list[Row], add: Any) -> None:
+    """The controller's CPU share and decision latency, direct and with aggregators."""
     for services, share in ((1000, 0.05), (10_000, 0.5)):
         for nodes, how in ((0, "direct"), (SIM_NODES, "with aggregators")):
             r = _find(rows, "control", services=services, aggregators=nodes)
@@ -142,6 +133,20 @@ def goals(rows: list[Row]) -> list[dict[str, Any]]:
         v = r["decision_p99_ms"] if r else None
         add(f"decision latency p99 at 1,000 services, {how} <= 50 ms", v, 50.0,
             None if v is None else v <= 50)  # fmt: skip
+
+
+def goals(rows: list[Row]) -> list[dict[str, Any]]:
+    """The issue's goals, from the rows of one run (``N/A`` where a row is missing)."""
+    out: list[GoalResult] = []
+
+    def add(
+        goal: str, measured: float | None, target: float, ok: bool | None, note: str = ""
+    ) -> None:
+        status = "N/A" if ok is None else ("PASS" if ok else "MISS")
+        value = None if measured is None else round(measured, 4)
+        out.append(GoalResult(goal, value, target, status, note))
+
+    _control_goals(rows, add)
     sizes = sorted({r["bytes"] for r in rows if r.get("part") == "fanout" and "bytes" in r})
     for size in sizes:
         one = _find(rows, "fanout", subscribers=1, hosts=1, bytes=size)

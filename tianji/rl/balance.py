@@ -45,10 +45,10 @@ the services ask it what they need (:attr:`BalanceConfig.staleness_bound`,
 from __future__ import annotations
 
 import dataclasses
-import heapq
 import math
 
 from tianji.rl.config import Mode
+from tianji.rl.grants import Decision, Grant, Ledger, Observation
 from tianji.runtime.errors import ConfigError
 
 __all__ = [
@@ -208,159 +208,6 @@ class BalanceConfig:
         return not self.on_policy and self.mode is not Mode.UNBALANCED
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class Observation:
-    """Cumulative counters as last reported in heartbeats.
-
-    Attributes:
-        inserted: samples inserted into buffers.
-        consumed: samples consumed by learners.
-        dropped: samples dropped for any reason (they are no longer buffered).
-        learner_version: the learner's policy version.
-        producer_versions: each live producer's current policy version.
-        fragments_at_version: fragments each producer sent with its current version.
-        filling: some replay buffer (shard) cannot hand out a batch yet; every producer
-            keeps a grant then, or a shard whose actors started late could stay short for
-            good while its learner holds the others at the gradient all-reduce.
-        produced: samples produced by all producers (dead incarnations included).
-        fragments_sent: fragments each live producer sent (its current incarnation).
-        granted: each live producer's grant limit so far (the controller's own record).
-        params_version: the newest policy version published to producers (``None``: the
-            learner's version).
-        in_transit: samples live producers sent that no buffer has received yet.
-        pending: the live producers whose grant exceeds what they sent, and by how many
-            fragments (``None``: derived from ``granted`` and ``fragments_sent``; the
-            controller's tally keeps it up to date, so a decision need not walk every
-            producer).
-    """
-
-    inserted: int
-    consumed: int
-    dropped: int = 0
-    learner_version: int = 0
-    producer_versions: dict[str, int] = dataclasses.field(default_factory=dict)
-    fragments_at_version: dict[str, int] = dataclasses.field(default_factory=dict)
-    filling: bool = False
-    produced: int = 0
-    fragments_sent: dict[str, int] = dataclasses.field(default_factory=dict)
-    granted: dict[str, int] = dataclasses.field(default_factory=dict)
-    params_version: int | None = None
-    in_transit: int = 0
-    pending: dict[str, int] | None = dataclasses.field(default=None, compare=False)
-
-    @property
-    def published(self) -> int:
-        return self.learner_version if self.params_version is None else self.params_version
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Grant:
-    """A producer may have sent ``limit`` fragments in all (cumulative for its
-    incarnation) and starts each one only with weights of ``min_version`` or newer."""
-
-    limit: int
-    min_version: int
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Decision:
-    """What the producers and learners may do now.
-
-    Attributes:
-        grants: the producers whose grant this decision raises (or sets), and the grant.
-        idle: producers left with nothing granted to collect.
-        consume_limit: the cumulative ``consumed`` count the learners may reach (``None``:
-            unlimited).
-        reason: a human-readable explanation (logged on changes).
-    """
-
-    grants: dict[str, Grant]
-    idle: frozenset[str]
-    consume_limit: int | None
-    reason: str
-    learner_waits: bool = False
-    """The learners may not start their next update now (``consumed + batch_samples >
-    consume_limit``)."""
-
-
-class _Ledger:
-    """The producers' grants while one decision hands out fragments: who holds how many
-    not yet sent (``pending``, only those holding some), and the bound on producers
-    collecting at once. Producers nobody touches are read from the observation on demand,
-    so a decision that grants little costs little however many producers there are."""
-
-    def __init__(self, obs: Observation, cap: int) -> None:
-        self.cap = cap
-        self.producers = obs.producer_versions
-        self._sent = obs.fragments_sent
-        self._granted = obs.granted
-        self._given: dict[str, int] = {}  # producer -> its limit after this decision's grants
-        pending = obs.pending
-        if pending is None:
-            pending = {p: self.granted(p) - self.sent(p) for p in self.producers}
-        self.pending = {p: n for p, n in pending.items() if n > 0 and p in self.producers}
-        self.new: dict[str, Grant] = {}
-        self._heap: list[tuple[int, int, str]] | None = None  # (pending, granted, producer)
-        self._order: list[str] | None = None  # the producers by name
-
-    def sent(self, producer: str) -> int:
-        return self._sent.get(producer, 0)
-
-    def granted(self, producer: str) -> int:
-        """The producer's grant limit now (never below what it sent)."""
-        given = self._given.get(producer)
-        if given is not None:
-            return given
-        return max(self._granted.get(producer, 0), self._sent.get(producer, 0))
-
-    def pending_of(self, producer: str) -> int:
-        return self.pending.get(producer, 0)
-
-    def pending_total(self) -> int:
-        return sum(self.pending.values())
-
-    def capped(self) -> bool:
-        """``cap`` producers collect already: only they may take more."""
-        return bool(self.cap) and len(self.pending) >= self.cap
-
-    def candidates(self) -> list[str]:
-        """Producers that may take one more fragment: any, or only those collecting
-        already when ``cap`` producers are (sorted by name)."""
-        if self.capped():
-            return sorted(self.pending)
-        if self._order is None:
-            self._order = sorted(self.producers)
-        return self._order
-
-    def least_held(self) -> str | None:
-        """The candidate holding the fewest fragments not yet sent, then granted least,
-        then first by name (a heap over every producer, built on first use)."""
-        if self.capped():
-            return min(self.pending, key=lambda p: (self.pending[p], self.granted(p), p))
-        if self._heap is None:
-            self._heap = [(self.pending_of(p), self.granted(p), p) for p in self.producers]
-            heapq.heapify(self._heap)
-        while self._heap:
-            held, granted, p = self._heap[0]
-            if (held, granted) == (self.pending_of(p), self.granted(p)):
-                return p
-            heapq.heapreplace(self._heap, (self.pending_of(p), self.granted(p), p))
-        return None
-
-    def give(self, producer: str, min_version: int) -> None:
-        self._given[producer] = self.granted(producer) + 1
-        self.pending[producer] = self.pending_of(producer) + 1
-        # One grant covers all of a producer's unstarted fragments: within a decision its
-        # min_version only rises. Across decisions it is not floored at the last grant's: a
-        # learner resumed from a checkpoint publishes lower versions again.
-        before = self.new.get(producer)
-        floor = before.min_version if before is not None else 0
-        self.new[producer] = Grant(self._given[producer], max(min_version, floor))
-
-    def idle(self) -> frozenset[str]:
-        return frozenset(self.producers.keys() - self.pending.keys())
-
-
 class BalancePolicy:
     """Pure decisions from counters (see the module docstring).
 
@@ -390,7 +237,7 @@ class BalancePolicy:
             }
             return Decision(grants, frozenset(), None, "unbalanced: no limits")
         # sync: the learner never trains while actors collect, and each collects its share
-        ledger = _Ledger(obs, 0 if cfg.mode is Mode.SYNC else cfg.max_collecting)
+        ledger = Ledger(obs, 0 if cfg.mode is Mode.SYNC else cfg.max_collecting)
         if cfg.on_policy:
             outstanding = self.grant_rollouts(obs, ledger)
             reason = f"{outstanding}/{cfg.outstanding_limit} fragments outstanding"
@@ -408,7 +255,7 @@ class BalancePolicy:
         somewhere between the producers and the learner's update (``produced - consumed -
         dropped``), plus those granted to live producers and not sent yet."""
         backlog = max(0, obs.produced - obs.consumed - obs.dropped)
-        collecting = _Ledger(obs, 0).pending_total()
+        collecting = Ledger(obs, 0).pending_total()
         return math.ceil(backlog / self.config.fragment_samples) + collecting
 
     def consumed_at(self, obs: Observation, position: int) -> int:
@@ -416,7 +263,7 @@ class BalancePolicy:
         yet consumed) will be consumed: ``batch_fragments`` fragments per version."""
         return obs.learner_version + position // self.config.batch_fragments
 
-    def grant_rollouts(self, obs: Observation, ledger: _Ledger) -> int:
+    def grant_rollouts(self, obs: Observation, ledger: Ledger) -> int:
         """Grant the fragments that fit in :attr:`BalanceConfig.outstanding_limit`, each
         with the weights it needs (``consumed_at(position) - target``, never newer than
         the published ones). Idle producers are chosen first, then those that already hold
@@ -474,7 +321,7 @@ class BalancePolicy:
         error = self.error(len(obs.producer_versions))
         return cfg.min_replay_size + (obs.consumed + error) / cfg.replay_ratio
 
-    def grant_inserts(self, obs: Observation, ledger: _Ledger) -> tuple[int, str]:
+    def grant_inserts(self, obs: Observation, ledger: Ledger) -> tuple[int, str]:
         """Relaxed off-policy: grant the fragments that fill the warm-up, then those that
         keep ``consumed`` in the band, plus one to every producer while a shard is still
         short past the warm-up; the learners may consume up to the band's upper edge."""
@@ -509,7 +356,7 @@ class BalancePolicy:
         round_samples = producers * cfg.fragment_samples * cfg.replay_ratio
         return max(1, round(round_samples / cfg.batch_samples))
 
-    def grant_rounds(self, obs: Observation, ledger: _Ledger) -> tuple[int, str]:
+    def grant_rounds(self, obs: Observation, ledger: Ledger) -> tuple[int, str]:
         """Sync off-policy. Producers: their warm-up share, then one fragment with each
         published version. The learners: once every producer has sent a fragment with the
         same weights (version ``p``), :meth:`updates_per_round` updates, up to version
