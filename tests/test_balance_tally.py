@@ -21,7 +21,7 @@ from tianji.rl.balance import BalanceConfig, BalancePolicy, Observation
 from tianji.rl.stats import ActorStat, BufferStat, LearnerStat
 from tianji.rl.tally import Tally
 from tianji.runtime.events import Heartbeat
-from tianji.runtime.registry import Registry
+from tianji.runtime.registry import LOG_SLACK, Registry
 
 NAMES = {"actor-0": "actor", "actor-1": "actor", "buffer-0": "buffer", "learner-0": "learner"}
 
@@ -114,7 +114,7 @@ step = st.tuples(
 def test_running_totals_equal_a_fresh_sum_after_any_sequence(
     registry: type[dict[str, Any]], steps: list[Any]
 ) -> None:
-    heartbeats: dict[str, Heartbeat] = {}
+    heartbeats: dict[str, Heartbeat] = registry()
     live: dict[str, Any] = registry()
     deaths: dict[str, int] = {}
     tally = Tally()
@@ -202,17 +202,64 @@ def test_registry_records_are_looked_at_again_only_after_the_registry_changed() 
     assert live.looked == 2  # the registry changed: every actor again
 
 
-def test_every_way_of_changing_a_registry_moves_its_version() -> None:
+def test_every_way_of_changing_a_registry_moves_its_version_and_is_logged() -> None:
     registry: Registry[int] = Registry()
     changes = [
-        lambda r: r.__setitem__("a", 1),
-        lambda r: r.update(b=2),
-        lambda r: r.setdefault("c", 3),
-        lambda r: r.pop("a"),
-        lambda r: r.__delitem__("b"),
-        lambda r: r.popitem(),
-        lambda r: r.clear(),
+        (lambda r: r.__setitem__("a", 1), None),  # version 2 is still to come
+        (lambda r: r.update(b=2), []),  # bulk: the log starts anew here
+        (lambda r: r.setdefault("c", 3), ["c"]),
+        (lambda r: r.pop("a"), ["c", "a"]),
+        (lambda r: r.__delitem__("b"), ["c", "a", "b"]),
+        (lambda r: r.popitem(), ["c", "a", "b", "c"]),
+        (lambda r: r.clear(), None),
     ]
-    for k, change in enumerate(changes, 1):
+    for k, (change, since_update) in enumerate(changes, 1):
         change(registry)
         assert registry.version == k
+        if k >= 2:
+            assert registry.changed_since(0) is None  # from before the bulk update: too old
+        assert registry.changed_since(2) == since_update
+        assert registry.changed_since(k) in ([], None)
+
+
+def test_a_registry_forgets_old_changes_and_a_reader_from_then_reads_everything() -> None:
+    registry: Registry[int] = Registry()
+    registry["a"] = 0
+    for k in range(LOG_SLACK + 10):
+        registry["a"] = k
+    assert registry.changed_since(0) is None  # the older half went
+    assert registry.changed_since(registry.version - 2) == ["a", "a"]
+    heartbeats: Registry[Heartbeat] = Registry()
+    for name in NAMES:
+        heartbeats[name] = beat(name, 1, 0)
+    tally = Tally()
+    tally.scan(heartbeats)
+    for k in range(2, LOG_SLACK + 10):  # the tally misses the log's reach: a full scan
+        heartbeats["actor-0"] = beat("actor-0", k, 0)
+    heartbeats["buffer-0"] = beat("buffer-0", 7, 0)
+    tally.scan(heartbeats)
+    live = {n: types.SimpleNamespace(last_heartbeat=hb) for n, hb in heartbeats.items()}
+    assert tally.observation(live) == reference(heartbeats, live)
+
+
+class CountingBeats(Registry[Heartbeat]):
+    looked = 0
+
+    def get(self, name: str, default: Any = None) -> Any:
+        self.looked += 1
+        return super().get(name, default)
+
+
+def test_a_scan_of_the_controllers_heartbeats_reads_only_the_logged_changes() -> None:
+    heartbeats = CountingBeats()
+    for k in range(1000):
+        heartbeats[f"actor-{k}"] = beat("actor-0", 1, 0)
+    tally = Tally()
+    tally.scan(heartbeats)
+    heartbeats.looked = 0
+    heartbeats["actor-7"] = beat("actor-0", 2, 0)
+    heartbeats["actor-7"] = beat("actor-0", 3, 0)
+    heartbeats["actor-9"] = beat("actor-0", 2, 0)
+    tally.scan(heartbeats)
+    assert heartbeats.looked == 2  # actor-7 once, actor-9
+    assert tally.produced == 64 * (998 + 3 + 2)

@@ -51,17 +51,27 @@ class Tally:
         self._excluded: set[str] = set()  # actors with a heartbeat here that do not count
         self._retaken: set[str] = set()  # actors whose heartbeat changed since the last look
         self._looked: tuple[Mapping[str, Any], int] | None = None  # (live, its version)
+        self._scanned: tuple[Mapping[str, Heartbeat], int] | None = None  # (heartbeats, version)
 
     def scan(self, heartbeats: Mapping[str, Heartbeat]) -> None:
-        """Take in the heartbeats that changed since the last scan."""
+        """Take in the heartbeats that changed since the last scan: those the controller's
+        heartbeats (a :class:`~tianji.runtime.registry.Registry`) logged as changed, or,
+        for any other mapping, those that fail an identity check."""
         seen = self._seen
-        for name, hb in heartbeats.items():
-            if seen.get(name) is not hb:
+        version = getattr(heartbeats, "version", None)
+        changed = None
+        if version is not None and self._scanned is not None and self._scanned[0] is heartbeats:
+            changed = heartbeats.changed_since(self._scanned[1])  # type: ignore[attr-defined]
+        names = heartbeats if changed is None else dict.fromkeys(changed)
+        for name in names:
+            hb = heartbeats.get(name)
+            if hb is not None and seen.get(name) is not hb:
                 self._take(name, hb)
         if len(seen) != len(heartbeats):  # one went without forget(): start over
             self._reset()
             for name, hb in heartbeats.items():
                 self._take(name, hb)
+        self._scanned = None if version is None else (heartbeats, version)
 
     def remove(self, name: str) -> None:
         """``name``'s heartbeat is gone (it is counted again under its retired name)."""

@@ -158,7 +158,8 @@ class Controller(Service):
         self.plugin_updates = 0  # plug-in update rounds so far
         self.registry: dict[str, ServiceRecord] = Registry()
         self.reports: dict[str, ServiceReported] = {}
-        self.heartbeats: dict[str, Heartbeat] = {}  # latest per service, kept after it leaves
+        # the latest heartbeat per service, kept after it leaves
+        self.heartbeats: dict[str, Heartbeat] = Registry()
         self.restarts: collections.Counter[str] = collections.Counter()  # by service name
         self.reincarnated: Callable[[str, str, int], None] | None = None
         """Called with (name, role, k) when a service registers as a new process (another
