@@ -160,4 +160,5 @@ class Ledger:
         self.new[producer] = Grant(self._given[producer], max(min_version, floor))
 
     def idle(self) -> frozenset[str]:
-        return frozenset(self.producers.keys() - self.pending.keys())
+        idle = frozenset(self.producers)
+        return idle.difference(self.pending) if self.pending else idle

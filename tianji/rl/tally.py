@@ -239,11 +239,12 @@ class Tally:
 
 
 def _prefixed(values: Mapping[str, float], prefix: str) -> dict[str, float]:
-    return {k[len(prefix) :]: v for k, v in values.items() if k.startswith(prefix)}
+    n = len(prefix)
+    return {k[n:]: v for k, v in values.items() if k.startswith(prefix)}
 
 
 def _dropped(hb: Heartbeat) -> int:
-    return sum(v for k, v in hb.counters.items() if k.startswith("dropped/"))
+    return sum([v for k, v in hb.counters.items() if k.startswith("dropped/")])
 
 
 def lag_summary(heartbeats: Mapping[str, Heartbeat]) -> dict[str, float] | None:

@@ -148,6 +148,7 @@ class Controller(Service):
     ):
         super().__init__(name, **kwargs)
         self.plugins = tuple(plugins)
+        self._plugin_roles = frozenset(r for plugin in self.plugins for r in plugin.roles)
         for plugin in self.plugins:
             plugin.attach(self._command)
         self.run_id = run_id or uuid.uuid4().hex[:12]
@@ -328,16 +329,17 @@ class Controller(Service):
         else:
             await super().on_request(ev, conn)
 
-    def _take(self, hb: Heartbeat, record: ServiceRecord) -> bool:
-        """Keep ``hb`` as the latest of ``record``'s service, unless that service retired
-        (``hb`` is a dead incarnation's). True if a plug-in wants to see it."""
+    def _take(self, hb: Heartbeat, record: ServiceRecord, now: float | None = None) -> bool:
+        """Keep ``hb`` as the latest of ``record``'s service (seen at ``now``, a monotonic
+        time), unless that service retired (``hb`` is a dead incarnation's). True if a
+        plug-in wants to see it."""
         if self._incarnations.get(hb.name, ()) is None:
             self.counters["heartbeats_refused"] += 1
             return False
         self.heartbeats[hb.name] = hb
         record.last_heartbeat = hb
-        record.last_seen = time.monotonic()
-        return any(hb.role in plugin.roles for plugin in self.plugins)
+        record.last_seen = time.monotonic() if now is None else now
+        return hb.role in self._plugin_roles
 
     def _take_batch(self, batch: HeartbeatBatch, conn: Connection) -> None:
         """Take the heartbeats of an aggregator's batch as direct ones, each only if its
@@ -347,14 +349,14 @@ class Controller(Service):
             self.counters["heartbeat_batches_refused"] += 1
             log.warning("%s's heartbeat batch: not a registered aggregator's", batch.aggregator)
             return
-        wanted = False
+        wanted, now = False, time.monotonic()
         for hb in batch.heartbeats:
             record, kept = self.registry.get(hb.name), self.heartbeats.get(hb.name)
             if record is None or record.locality != sender.locality:
                 self.counters["heartbeats_refused"] += 1
             elif kept is not None and hb.sent_at < kept.sent_at:  # a direct one overtook it
                 self.counters["heartbeats_overtaken"] += 1
-            elif self._take(hb, record):
+            elif self._take(hb, record, now):
                 wanted = True
         if wanted:
             self._plugins_wanted.set()
