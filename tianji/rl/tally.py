@@ -18,10 +18,11 @@ __all__ = ["Tally", "lag_summary"]
 class Tally:
     """The totals the balance policy reads, kept per heartbeat instead of summed over every
     service for every decision: :meth:`scan` finds the heartbeats that are new since the
-    last scan (an identity check per service) and moves only their part of the totals and
-    of the per-producer views (version, fragments, samples in transit); :meth:`observation`
-    hands those views out, so a decision costs O(changed heartbeats) Python work plus dict
-    copies, not a walk over every stream of every actor.
+    last scan (from the controller's change log, else an identity check per service) and
+    moves only their part of the totals and of the per-producer views (version, fragments,
+    samples in transit); :meth:`observation` hands those views out, so a decision costs
+    O(changed heartbeats) Python work plus dict copies, not a walk over every stream of
+    every actor.
 
     The sums (``inserted``, ``consumed``, ``dropped``, ``produced``) cover every heartbeat,
     live and retired (``name#k``); the gauges count only live services, as before.
