@@ -97,6 +97,14 @@ def test_serve_names_an_unknown_role_or_index() -> None:
     agg = serve_spec(config, "aggregator", 1, controller="tcp://127.0.0.1:1", bind=LOOPBACK)
     assert (agg.name, agg.role) == ("aggregator-1", "aggregator")
     assert agg.factory == "tianji.runtime.aggregator:HeartbeatAggregator"
+    assert agg.options == {}  # the aggregator's own default flush interval
+    where = {"controller": "tcp://127.0.0.1:1", "bind": LOOPBACK}
+    slow = serve_spec(config, "aggregator", 0, flush_interval=0.05, **where)
+    assert slow.options == {"flush_interval": 0.05}
+    with pytest.raises(ConfigError, match=r"--flush-interval=0.05.*'aggregator'"):
+        serve_spec(config, "actor", 0, flush_interval=0.05, **where)
+    with pytest.raises(ConfigError, match=r"--flush-interval=0.*> 0"):
+        serve_spec(config, "aggregator", 0, flush_interval=0.0, **where)
     with pytest.raises(ConfigError, match=r"--restart-period.*0"):
         serve(spec, "", restarts=2, restart_period=0, config=config)
     with pytest.raises(ConfigError, match=r"--restart.*-1"):

@@ -10,10 +10,14 @@ import collections
 import socket
 from typing import Any
 
+import pytest
+
+from tianji.runtime import aggregator as aggregator_module
 from tianji.runtime.aggregation import AGGREGATOR_ROLE, HEARTBEATS_TOPIC, RouteStat
 from tianji.runtime.aggregator import AggregatorStat, HeartbeatAggregator
 from tianji.runtime.controller import Controller, ServiceRecord
 from tianji.runtime.core import Connection
+from tianji.runtime.errors import TianjiError
 from tianji.runtime.events import Event, Heartbeat, HeartbeatBatch
 from tianji.runtime.service import Service, ServiceOptions
 from tianji.testing import run_async
@@ -102,6 +106,45 @@ def test_the_aggregator_keeps_the_latest_heartbeat_per_service_and_counts_supers
     assert agg.counters[AggregatorStat.HEARTBEATS_IN] == 4
     assert agg.counters[AggregatorStat.SUPERSEDED] == 1
     assert agg.counters[AggregatorStat.OVER_CAPACITY] == 1
+
+
+class Sending(HeartbeatAggregator):
+    """An aggregator whose controller link is up and records what it sends (the first
+    ``fail_at``-th send fails)."""
+
+    def __init__(self, fail_at: int = 0) -> None:
+        super().__init__("aggregator-0")
+        self.sent: list[HeartbeatBatch] = []
+        self.fail_at = fail_at
+        self._controller.registered_conn = lambda: object()  # type: ignore[method-assign,return-value]
+
+    async def send_to_controller(self, ev: Event) -> None:
+        if len(self.sent) + 1 == self.fail_at:
+            self.fail_at = 0
+            raise TianjiError("link broke")
+        assert isinstance(ev, HeartbeatBatch)
+        self.sent.append(ev)
+
+
+def test_a_flush_of_many_heartbeats_goes_out_in_bounded_batches_and_keeps_what_failed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(aggregator_module, "MAX_BATCH", 3)
+    agg = Sending()
+    for k in range(7):
+        agg.hold(beat(f"actor-{k}", 1.0))
+    assert run_async(agg.flush())
+    assert [len(b.heartbeats) for b in agg.sent] == [3, 3, 1]
+    assert agg.counters[AggregatorStat.HEARTBEATS_OUT] == 7 and not agg.pending
+    failing = Sending(fail_at=2)  # the second of three batches fails
+    for k in range(7):
+        failing.hold(beat(f"actor-{k}", 1.0))
+    assert not run_async(failing.flush())
+    assert [len(b.heartbeats) for b in failing.sent] == [3]
+    assert sorted(failing.pending) == [f"actor-{k}" for k in range(3, 7)]  # kept, not lost
+    assert failing.counters[AggregatorStat.BATCHES_UNSENT] == 1
+    assert run_async(failing.flush()) and not failing.pending
+    assert [len(b.heartbeats) for b in failing.sent] == [3, 3, 1]
 
 
 def test_a_batch_takes_only_live_registered_services_of_the_aggregators_node() -> None:

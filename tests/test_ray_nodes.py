@@ -71,6 +71,9 @@ def test_one_aggregator_per_node_that_hosts_any_service_numbered_by_ip() -> None
     aggregator = planned[0][0]
     assert aggregator.factory == "tianji.runtime.aggregator:HeartbeatAggregator"
     assert aggregator.bind == "tcp://0.0.0.0:0"
+    assert aggregator.options == {"flush_interval": 0.02}  # ray.aggregate_flush_s's default
+    slower = aggregator_specs(specs, nodes, flush_interval=0.05)
+    assert {a.options["flush_interval"] for a, _ in slower} == {0.05}
     assert aggregator_specs(specs, {}) == []
     placed = [*specs, *(a for a, _ in planned)]  # the aggregators themselves add no node
     with_own = {**nodes, "aggregator-0": A, "aggregator-1": C}
@@ -81,6 +84,12 @@ def test_one_aggregator_per_node_that_hosts_any_service_numbered_by_ip() -> None
 def test_a_bad_aggregate_from_is_refused_naming_it(value: object) -> None:
     with pytest.raises(ConfigError, match=r"ray\.aggregate_from"):
         RayConfig(aggregate_from=value)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("value", [0, -0.5, float("inf"), "fast", None])
+def test_a_bad_aggregate_flush_interval_is_refused_naming_it(value: object) -> None:
+    with pytest.raises(ConfigError, match=r"ray\.aggregate_flush_s"):
+        RayConfig(aggregate_flush_s=value)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

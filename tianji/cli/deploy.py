@@ -44,8 +44,8 @@ def add_deploy_parsers(sub: Any) -> None:
         "[eval] workers); or relay (optional, one per host "
         "of actors: the params service sends each version once to the host's relay, which "
         "hands it to the host's actors through shared memory); or aggregator (optional, one "
-        "per host, started before the host's services: they send it their heartbeats and it "
-        "sends the controller one batch of them every 20 ms)",
+        "per host: the host's services send it their heartbeats and it sends the controller "
+        "one batch of them per --flush-interval)",
     )
     add_run_options(p, run=False)
     p.add_argument("--controller", required=True, help="the controller's tcp://HOST:PORT")
@@ -59,6 +59,13 @@ def add_deploy_parsers(sub: Any) -> None:
         "--advertise",
         metavar="HOST",
         help="the host other services use to reach us (default: the --bind host)",
+    )
+    p.add_argument(
+        "--flush-interval",
+        type=float,
+        metavar="S",
+        help="aggregator only: the longest a heartbeat waits before its batch goes to the "
+        "controller (default 0.02; longer costs the controller less and delays what it sees)",
     )
     p.add_argument(
         "--local",
@@ -115,6 +122,7 @@ def _cmd_serve(args: Any) -> int:
         bind=args.bind,
         advertise=args.advertise,
         local=args.local,
+        flush_interval=args.flush_interval,
     )
     return serve(
         spec,

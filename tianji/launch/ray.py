@@ -421,7 +421,8 @@ class RayLauncher(Launcher):
             await self._start_on_nodes(relay_specs(self.specs, nodes))
         wanted = self.resources.aggregate_from
         if wanted and len(self.specs) >= wanted:
-            await self._start_on_nodes(aggregator_specs(self.specs, nodes))
+            flush = self.resources.aggregate_flush_s
+            await self._start_on_nodes(aggregator_specs(self.specs, nodes, flush))
         by_node: dict[str, list[str]] = collections.defaultdict(list)
         for name, ip in self.placement.items():
             by_node[ip].append(name)

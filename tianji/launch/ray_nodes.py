@@ -87,11 +87,11 @@ def relay_specs(
 
 
 def aggregator_specs(
-    specs: Sequence[ServiceSpec], nodes: Mapping[str, Node]
+    specs: Sequence[ServiceSpec], nodes: Mapping[str, Node], flush_interval: float = 0.02
 ) -> list[tuple[ServiceSpec, Node]]:
     """One heartbeat aggregator per node that hosts any of ``specs`` (placed ones, by
-    ``nodes``), named ``aggregator-<k>`` in the order of the nodes' IPs; it binds like the
-    first service placed on its node."""
+    ``nodes``), named ``aggregator-<k>`` in the order of the nodes' IPs, flushing every
+    ``flush_interval`` seconds; it binds like the first service placed on its node."""
     first: dict[Node, ServiceSpec] = {}
     for spec in specs:
         node = nodes.get(spec.name)
@@ -104,6 +104,7 @@ def aggregator_specs(
                 name=f"{AGGREGATOR_ROLE}-{k}",
                 role=AGGREGATOR_ROLE,
                 factory=AGGREGATOR_FACTORY,
+                options={"flush_interval": flush_interval},
                 bind=first[node].bind,
             ),
             node,

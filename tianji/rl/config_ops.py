@@ -182,12 +182,18 @@ class RayConfig:
     and it sends the controller one batch of them per flush interval, so the controller's
     cost grows with nodes, not services; a heartbeat then reaches the controller up to one
     flush interval later. 0: never; 1: always."""
+    aggregate_flush_s: float = 0.02
+    """An aggregator's flush interval: the longest a heartbeat waits there. Longer batches
+    cost the controller less (fewer messages) and delay what it sees of the run."""
 
     def __post_init__(self) -> None:
         if self.address is not None and not self.address.strip():
             raise ConfigError("ray.address", self.address, "HOST:PORT, 'auto' or no value")
         if type(self.aggregate_from) is not int or self.aggregate_from < 0:
             raise ConfigError("ray.aggregate_from", self.aggregate_from, "an int >= 0")
+        flush = self.aggregate_flush_s
+        if type(flush) not in (int, float) or not 0 < flush < float("inf"):
+            raise ConfigError("ray.aggregate_flush_s", flush, "a number of seconds > 0")
         for key in ("num_cpus", "num_gpus"):
             for role, value in getattr(self, key).items():
                 if role not in RAY_ROLES:

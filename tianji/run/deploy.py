@@ -318,6 +318,16 @@ PER_HOST = {
 """The optional services of one host (``tianji serve relay|aggregator``) and their factories."""
 
 
+def _flush_options(role: str, flush_interval: float | None) -> dict[str, float]:
+    if flush_interval is None:
+        return {}
+    if role != AGGREGATOR_ROLE:
+        raise ConfigError("--flush-interval", flush_interval, f"only with {AGGREGATOR_ROLE!r}")
+    if not 0 < flush_interval < float("inf"):
+        raise ConfigError("--flush-interval", flush_interval, "a number of seconds > 0")
+    return {"flush_interval": flush_interval}
+
+
 def serve_spec(
     config: RunConfig,
     role: str,
@@ -327,15 +337,21 @@ def serve_spec(
     bind: str,
     advertise: str | None = None,
     local: str = "auto",
+    flush_interval: float | None = None,
 ) -> Any:
-    """The :class:`~tianji.launch.spec.ServiceSpec` of service ``ROLE-INDEX`` of the run.
+    """The :class:`~tianji.launch.spec.ServiceSpec` of service ``ROLE-INDEX`` of the run
+    (an aggregator's ``flush_interval``: ``--flush-interval``).
 
     Raises:
-        ConfigError: naming the role or index when the config has no such service.
+        ConfigError: naming the role or index when the config has no such service, or a
+            flush interval that is not a positive number or not an aggregator's.
     """
     specs = RunPlan.build(config).specs
+    options = _flush_options(role, flush_interval)
     if role in PER_HOST:  # optional, one per host: not one of the run's services
-        extra = ServiceSpec(name=f"{role}-{index}", role=role, factory=PER_HOST[role], bind=bind)
+        extra = ServiceSpec(
+            name=f"{role}-{index}", role=role, factory=PER_HOST[role], bind=bind, options=options
+        )
         specs = [*specs, extra]
     roles = sorted({s.role for s in specs})
     if role not in roles:

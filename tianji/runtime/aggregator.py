@@ -31,6 +31,7 @@ from tianji.runtime.service import Service
 __all__ = [
     "DEFAULT_FLUSH_INTERVAL",
     "DEFAULT_MAX_SERVICES",
+    "MAX_BATCH",
     "AggregatorStat",
     "HeartbeatAggregator",
 ]
@@ -42,6 +43,10 @@ DEFAULT_FLUSH_INTERVAL = 0.02
 waits here)."""
 DEFAULT_MAX_SERVICES = 100_000
 """Services whose heartbeats are held at once; a heartbeat of one more is dropped."""
+MAX_BATCH = 2000
+"""Heartbeats in one :class:`~tianji.runtime.events.HeartbeatBatch` at most: a flush that
+holds more (a node of many services, or one whose controller link was down) sends several
+batches, so no message and no step of the controller's grows with the node."""
 
 
 class AggregatorStat:
@@ -140,22 +145,30 @@ class HeartbeatAggregator(Service):
         if self._controller.registered_conn() is None:
             self.counters[AggregatorStat.BATCHES_UNSENT] += 1
             return False
-        batch, self.pending = self.pending, {}
+        held = tuple(self.pending.values())
+        self.pending = {}
         self._held.clear()
-        try:
-            await self.send_to_controller(
-                HeartbeatBatch(aggregator=self.full_name, heartbeats=tuple(batch.values()))
-            )
-        except TianjiError as exc:
-            self.counters[AggregatorStat.BATCHES_UNSENT] += 1
-            log.info("%s: batch of %d not sent: %s", self.full_name, len(batch), exc)
-            for name, hb in batch.items():  # keep the newer of each (it arrived meanwhile)
-                if name in self.pending:
-                    self.counters[AggregatorStat.SUPERSEDED] += 1
-                else:
-                    self.pending[name] = hb
-            self._held.set()
-            return False
-        self.counters[AggregatorStat.BATCHES_OUT] += 1
-        self.counters[AggregatorStat.HEARTBEATS_OUT] += len(batch)
+        for start in range(0, len(held), MAX_BATCH):
+            part = held[start : start + MAX_BATCH]
+            try:
+                await self.send_to_controller(
+                    HeartbeatBatch(aggregator=self.full_name, heartbeats=part)
+                )
+            except TianjiError as exc:
+                self.counters[AggregatorStat.BATCHES_UNSENT] += 1
+                log.info("%s: batch of %d not sent: %s", self.full_name, len(part), exc)
+                self._keep(held[start:])
+                return False
+            self.counters[AggregatorStat.BATCHES_OUT] += 1
+            self.counters[AggregatorStat.HEARTBEATS_OUT] += len(part)
         return True
+
+    def _keep(self, unsent: tuple[Heartbeat, ...]) -> None:
+        """Hold ``unsent`` again, for the next flush (the newer of each service's: one may
+        have arrived meanwhile)."""
+        for hb in unsent:
+            if hb.name in self.pending:
+                self.counters[AggregatorStat.SUPERSEDED] += 1
+            else:
+                self.pending[hb.name] = hb
+        self._held.set()
