@@ -36,7 +36,11 @@ def add_deploy_parsers(sub: Any) -> None:
     p.add_argument("--rejoin-timeout", type=float, default=30.0, help="(s, default 30)")
     _add_security_options(p)
     p.set_defaults(func=_cmd_controller)
+    _add_serve_parser(sub)
 
+
+def _add_serve_parser(sub: Any) -> None:
+    """``tianji serve ROLE``: one service of a run deployed by hand."""
     p = sub.add_parser("serve", help="run one service of a run deployed by hand")
     p.add_argument(
         "role",
