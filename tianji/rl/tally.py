@@ -11,6 +11,7 @@ from tianji.rl.balance import Observation
 from tianji.rl.lagstats import LagStats
 from tianji.rl.stats import ActorStat, BookStat, BufferStat, LearnerStat
 from tianji.runtime.events import Heartbeat
+from tianji.runtime.registry import Stamp, stamp, unchanged
 
 __all__ = ["Tally", "lag_summary"]
 
@@ -51,18 +52,17 @@ class Tally:
         self.pending: dict[str, int] = {}  # actor -> fragments granted and not sent, if any
         self._excluded: set[str] = set()  # actors with a heartbeat here that do not count
         self._retaken: set[str] = set()  # actors whose heartbeat changed since the last look
-        self._looked: tuple[Mapping[str, Any], int] | None = None  # (live, its version)
-        self._scanned: tuple[Mapping[str, Heartbeat], int] | None = None  # (heartbeats, version)
+        self._looked: Stamp | None = None  # the live services' registry at the last look
+        self._scanned: Stamp | None = None  # the heartbeats at the last scan
 
     def scan(self, heartbeats: Mapping[str, Heartbeat]) -> None:
         """Take in the heartbeats that changed since the last scan: those the controller's
         heartbeats (a :class:`~tianji.runtime.registry.Registry`) logged as changed, or,
         for any other mapping, those that fail an identity check."""
-        seen = self._seen
-        version = getattr(heartbeats, "version", None)
+        seen, scanned = self._seen, self._scanned
         changed = None
-        if version is not None and self._scanned is not None and self._scanned[0] is heartbeats:
-            changed = heartbeats.changed_since(self._scanned[1])  # type: ignore[attr-defined]
+        if scanned is not None and scanned[0] is heartbeats:  # a Registry: read its log
+            changed = heartbeats.changed_since(scanned[1])  # type: ignore[attr-defined]
         names = heartbeats if changed is None else dict.fromkeys(changed)
         for name in names:
             hb = heartbeats.get(name)
@@ -72,7 +72,7 @@ class Tally:
             self._reset()
             for name, hb in heartbeats.items():
                 self._take(name, hb)
-        self._scanned = None if version is None else (heartbeats, version)
+        self._scanned = stamp(heartbeats)
 
     def remove(self, name: str) -> None:
         """``name``'s heartbeat is gone (it is counted again under its retired name)."""
@@ -196,13 +196,11 @@ class Tally:
         at when the registry changed (a :class:`~tianji.runtime.controller.Registry` counts
         its changes; any other mapping is looked at in full every time), else only those
         whose heartbeat changed."""
-        version = getattr(live, "version", None)
-        looked = self._looked
-        if version is None or looked is None or looked[0] is not live or looked[1] != version:
-            names: Collection[str] = self.versions
-            self._excluded = set()
+        if unchanged(live, self._looked):
+            names: Collection[str] = self._retaken
         else:
-            names = self._retaken
+            names = self.versions
+            self._excluded = set()
         excluded = self._excluded
         for name in names:
             record = live.get(name)
@@ -211,7 +209,7 @@ class Tally:
             else:
                 excluded.discard(name)
         self._retaken = set()
-        self._looked = None if version is None else (live, version)
+        self._looked = stamp(live)
         return excluded
 
     def in_transit(self, actors: Collection[str]) -> int:

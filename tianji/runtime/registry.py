@@ -3,14 +3,31 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, TypeVar
 
-__all__ = ["Registry"]
+__all__ = ["Registry", "Stamp", "stamp", "unchanged"]
 
 V = TypeVar("V")
 
 LOG_SLACK = 4096
 """Changes the log keeps beyond four per entry before it forgets its older half."""
+
+
+Stamp = tuple[Mapping[str, Any], int]
+"""A mapping as a reader last saw it: the mapping itself (held, so a new mapping that reuses
+a freed one's id is never taken for it) and its :attr:`Registry.version` then."""
+
+
+def stamp(mapping: Mapping[str, Any]) -> Stamp | None:
+    """``mapping``'s stamp now; None for a mapping that does not count its changes."""
+    version = getattr(mapping, "version", None)
+    return None if version is None else (mapping, version)
+
+
+def unchanged(mapping: Mapping[str, Any], seen: Stamp | None) -> bool:
+    """Whether ``mapping`` is the one ``seen`` was taken of and has not changed since."""
+    return seen is not None and seen[0] is mapping and seen[1] == getattr(mapping, "version", None)
 
 
 class Registry(dict[str, V]):

@@ -31,6 +31,7 @@ from tianji.rl.tally import Tally, lag_summary
 from tianji.rl.topics import index_of, shard_of_actor
 from tianji.runtime.controller import Controller, Send
 from tianji.runtime.events import Event, Heartbeat
+from tianji.runtime.registry import Stamp, stamp, unchanged
 
 __all__ = ["Balancer", "accounting", "balancer_of", "dropped_by_reason"]
 
@@ -91,7 +92,7 @@ class Balancer:
         self.stalled: dict[str, Any] | None = None
         self.stalls = 0
         self.tally = Tally()  # the heartbeats' totals, kept up to date per heartbeat
-        self._registry_seen: tuple[int, int] | None = None  # (id of live, its version)
+        self._registry_seen: Stamp | None = None  # the registry at the last incarnation check
         self.draining = False  # the run drains before it stops: no more commands
         self.drained: dict[str, Any] | None = None  # what the drain saw (tianji.services.drain)
 
@@ -206,10 +207,9 @@ class Balancer:
         """A producer registered anew (restarted under its name) counts its fragments from
         0 again: its grants start over. Looked for only when the registry changed (a
         :class:`~tianji.runtime.controller.Registry` counts its changes)."""
-        version = getattr(live, "version", None)
-        if version is not None and self._registry_seen == (id(live), version):
+        if unchanged(live, self._registry_seen):
             return
-        self._registry_seen = None if version is None else (id(live), version)
+        self._registry_seen = stamp(live)
         for name in list(self.production):
             registered = getattr(live.get(name), "registered_at", None)
             if name not in live or registered != self._incarnation.get(name):
