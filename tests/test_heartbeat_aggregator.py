@@ -176,17 +176,28 @@ def test_a_batch_takes_only_live_registered_services_of_the_aggregators_node() -
     assert ctl.counters["heartbeats_overtaken"] == 1
 
 
+Tasks = tuple["asyncio.Task[None]", "asyncio.Task[None]", "asyncio.Task[None]"]
+
+
+async def _node_with_an_aggregator() -> tuple[
+    CountingController, HeartbeatAggregator, Actor, Tasks
+]:
+    """A controller, and an aggregator and an actor on one node (the aggregator ready
+    before the actor starts); their running tasks."""
+    ctl = CountingController(bind=TCP)
+    ctl_task = asyncio.create_task(ctl.run())
+    await ctl.wait_ready()
+    agg = HeartbeatAggregator("aggregator-0", bind=TCP, controller=ctl.address)
+    actor = Actor("actor-0", bind=TCP, controller=ctl.address, options=FAST)
+    agg.locality = actor.locality = "node-a"
+    agg_task = asyncio.create_task(agg.run())
+    await agg.wait_ready()
+    return ctl, agg, actor, (ctl_task, agg_task, asyncio.create_task(actor.run()))
+
+
 def test_a_service_told_an_aggregator_heartbeats_through_it_in_batches() -> None:
     async def main() -> tuple[CountingController, Actor, HeartbeatAggregator, int]:
-        ctl = CountingController(bind=TCP)
-        ctl_task = asyncio.create_task(ctl.run())
-        await ctl.wait_ready()
-        agg = HeartbeatAggregator("aggregator-0", bind=TCP, controller=ctl.address)
-        actor = Actor("actor-0", bind=TCP, controller=ctl.address, options=FAST)
-        agg.locality = actor.locality = "node-a"
-        agg_task = asyncio.create_task(agg.run())
-        await agg.wait_ready()
-        actor_task = asyncio.create_task(actor.run())
+        ctl, agg, actor, (ctl_task, agg_task, actor_task) = await _node_with_an_aggregator()
         await ctl.wait_until(lambda c: actor.counters[RouteStat.VIA_AGGREGATOR] >= 3, 30)
         direct = ctl.direct["actor-0"]
         await ctl.wait_until(lambda c: c.batched["actor-0"] >= 8, 30)
@@ -209,15 +220,7 @@ def test_a_service_told_an_aggregator_heartbeats_through_it_in_batches() -> None
 
 def test_a_service_whose_aggregator_dies_goes_on_heartbeating_directly() -> None:
     async def main() -> tuple[CountingController, Actor]:
-        ctl = CountingController(bind=TCP)
-        ctl_task = asyncio.create_task(ctl.run())
-        await ctl.wait_ready()
-        agg = HeartbeatAggregator("aggregator-0", bind=TCP, controller=ctl.address)
-        actor = Actor("actor-0", bind=TCP, controller=ctl.address, options=FAST)
-        agg.locality = actor.locality = "node-a"
-        agg_task = asyncio.create_task(agg.run())
-        await agg.wait_ready()
-        actor_task = asyncio.create_task(actor.run())
+        ctl, agg, actor, (ctl_task, agg_task, actor_task) = await _node_with_an_aggregator()
         await ctl.wait_until(lambda c: c.batched["actor-0"] >= 2, 30)
         agg.stop("the aggregator dies")
         await agg_task
