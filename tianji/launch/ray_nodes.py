@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from typing import Final
 
 from tianji.launch.spec import ServiceSpec
+from tianji.runtime.aggregator import DEFAULT_FLUSH_INTERVAL
 from tianji.runtime.controller import AGGREGATOR_ROLE, RELAY_ROLE
 from tianji.runtime.scope import full_name
 
@@ -87,7 +88,9 @@ def relay_specs(
 
 
 def aggregator_specs(
-    specs: Sequence[ServiceSpec], nodes: Mapping[str, Node], flush_interval: float = 0.02
+    specs: Sequence[ServiceSpec],
+    nodes: Mapping[str, Node],
+    flush_interval: float = DEFAULT_FLUSH_INTERVAL,
 ) -> list[tuple[ServiceSpec, Node]]:
     """One heartbeat aggregator per node that hosts any of ``specs`` (placed ones, by
     ``nodes``), named ``aggregator-<k>`` in the order of the nodes' IPs, flushing every
