@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tianji.rl.balance import BalanceConfig, BalancePolicy, Observation
-from tianji.rl.stats import ActorStat, BufferStat, LearnerStat
+from tianji.rl.stats import ActorStat, BookStat, BufferStat, LearnerStat
 from tianji.rl.tally import Tally
 from tianji.runtime.events import Heartbeat
 from tianji.runtime.registry import LOG_SLACK, Registry
@@ -53,7 +53,20 @@ def reference(heartbeats: Mapping[str, Heartbeat], live: Mapping[str, Any]) -> O
                 fragments[name] = int(g.get(ActorStat.FRAGMENTS_AT_VERSION, 0))
                 sent[name] = int(c.get(ActorStat.FRAGMENTS_SENT, 0))
         lost += dropped(hb)
+    furthest: dict[str, float] = {}  # "actor/stream" -> the furthest offset of any buffer
+    for hb in heartbeats.values():
+        for key, offset in hb.gauges.items():
+            if key.startswith(BookStat.RECV):
+                stream = key.removeprefix(BookStat.RECV)
+                furthest[stream] = max(furthest.get(stream, 0.0), offset)
+    transit = 0.0
+    for name in versions:
+        for key, samples in heartbeats[name].gauges.items():
+            if key.startswith(BookStat.SENT):
+                stream = f"{name}/{key.removeprefix(BookStat.SENT)}"
+                transit += max(0.0, samples - furthest.get(stream, 0.0))
     return Observation(
+        in_transit=int(transit),
         inserted=inserted,
         consumed=consumed,
         dropped=lost,
@@ -75,8 +88,16 @@ def beat(name: str, k: int, drop: int) -> Heartbeat:
         "learner": {LearnerStat.SAMPLES_CONSUMED: 32 * k, LearnerStat.LEARNER_UPDATES: k},
     }[role]
     gauges = {
-        "actor": {ActorStat.POLICY_VERSION: float(k % 5), ActorStat.FRAGMENTS_AT_VERSION: 1.0},
-        "buffer": {BufferStat.READY: float(k % 2)},
+        "actor": {
+            ActorStat.POLICY_VERSION: float(k % 5),
+            ActorStat.FRAGMENTS_AT_VERSION: 1.0,
+            f"{BookStat.SENT}main": 64.0 * k,  # samples sent on its stream
+        },
+        "buffer": {  # how far it has each actor's stream (moving with k, not always ahead)
+            BufferStat.READY: float(k % 2),
+            f"{BookStat.RECV}actor-0/main": 40.0 * k,
+            f"{BookStat.RECV}actor-1/main": 70.0 * k,
+        },
         "learner": {LearnerStat.PARAMS_VERSION: float(k)},
     }[role]
     if drop:

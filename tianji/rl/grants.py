@@ -12,7 +12,9 @@ __all__ = ["Decision", "Grant", "Ledger", "Observation"]
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class Observation:
-    """Cumulative counters as last reported in heartbeats.
+    """Cumulative counters as last reported in heartbeats. The per-producer maps may be
+    the controller's running ones (:meth:`~tianji.rl.tally.Tally.decision_view`): a policy
+    reads them while it decides and neither changes nor keeps them.
 
     Attributes:
         inserted: samples inserted into buffers.

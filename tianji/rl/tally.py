@@ -48,6 +48,7 @@ class Tally:
         self.offsets: dict[str, dict[str, float]] = {}  # buffer -> "actor/stream" -> offset
         self._furthest: dict[str, float] = {}  # "actor/stream" -> furthest offset of any buffer
         self._transit: dict[str, float] = {}  # actor -> samples sent, at no buffer yet
+        self._transit_total = 0.0  # the sum of _transit, kept as it changes
         self._buffers_moved = False  # every actor's transit is out of date
         self.pending: dict[str, int] = {}  # actor -> fragments granted and not sent, if any
         self._excluded: set[str] = set()  # actors with a heartbeat here that do not count
@@ -83,7 +84,8 @@ class Tally:
         self.buffers.pop(name, None)
         self.learners.pop(name, None)
         self.learner_consumed.pop(name, None)
-        views = (self.versions, self.fragments, self.sent, self.streams, self._transit)
+        self._set_transit(name, None)
+        views = (self.versions, self.fragments, self.sent, self.streams)
         for view in (*views, self.granted, self.pending):
             view.pop(name, None)
         self._excluded.discard(name)
@@ -98,39 +100,42 @@ class Tally:
         return sum(n for k, n in self.learner_consumed.items() if k.startswith(prefix))
 
     def _take(self, name: str, hb: Heartbeat) -> None:
-        old = self._parts.get(name)
-        if old is not None:
-            self._add(old, -1)
         c = hb.counters
-        dropped = _dropped(hb)
-        if hb.role == "buffer":
+        dropped = _dropped(c)
+        role = hb.role
+        if role == "actor":  # the most of them: the fewest steps
+            part = (0, 0, dropped, c.get(ActorStat.SAMPLES_PRODUCED, 0))
+            gauges = hb.gauges
+            self.versions[name] = int(gauges.get(ActorStat.POLICY_VERSION, -1))
+            self.fragments[name] = int(gauges.get(ActorStat.FRAGMENTS_AT_VERSION, 0))
+            self.sent[name] = int(c.get(ActorStat.FRAGMENTS_SENT, 0))
+            self.streams[name] = _prefixed(gauges, BookStat.SENT)
+            self._repend(name)
+            self._retaken.add(name)
+            if not self._buffers_moved:
+                self._set_transit(name, self._transit_of(name))
+        elif role == "buffer":
             part = (c.get(BufferStat.SAMPLES_INSERTED, 0), 0, dropped, 0)
             self.buffers[name] = hb.gauges.get(BufferStat.READY, 1.0) < 1.0
             offsets = _prefixed(hb.gauges, BookStat.RECV)
             if offsets != self.offsets.get(name):
                 self.offsets[name] = offsets
                 self._buffers_moved = True
-        elif hb.role == "learner":
+        elif role == "learner":
             part = (0, c.get(LearnerStat.SAMPLES_CONSUMED, 0), dropped, 0)
             params = hb.gauges.get(LearnerStat.PARAMS_VERSION)
             updates = c.get(LearnerStat.LEARNER_UPDATES, 0)
             self.learners[name] = (updates, None if params is None else int(params))
             self.learner_consumed[name] = part[1]
-        elif hb.role == "actor":
-            part = (0, 0, dropped, c.get(ActorStat.SAMPLES_PRODUCED, 0))
-            self.versions[name] = int(hb.gauges.get(ActorStat.POLICY_VERSION, -1))
-            self.fragments[name] = int(hb.gauges.get(ActorStat.FRAGMENTS_AT_VERSION, 0))
-            self.sent[name] = int(c.get(ActorStat.FRAGMENTS_SENT, 0))
-            self.streams[name] = _prefixed(hb.gauges, BookStat.SENT)
-            self._repend(name)
-            self._retaken.add(name)
-            if not self._buffers_moved:
-                self._transit[name] = self._transit_of(name)
         else:
             part = (0, 0, 0, 0)
+        old = self._parts.get(name, (0, 0, 0, 0))
+        self.inserted += part[0] - old[0]
+        self.consumed += part[1] - old[1]
+        self.dropped += part[2] - old[2]
+        self.produced += part[3] - old[3]
         self._parts[name] = part
         self._seen[name] = hb
-        self._add(part, 1)
 
     def grant(self, producer: str, limit: int) -> None:
         """``producer`` was sent a grant of ``limit`` fragments (cumulative)."""
@@ -153,7 +158,7 @@ class Tally:
     def decision_view(self, live: Mapping[str, Any]) -> Observation:
         """:meth:`observation` with the grants this tally was told (:meth:`grant`) and the
         producers holding some not yet sent (``pending``, kept up to date here)."""
-        return self.observation(live, self.granted, dict(self.pending))
+        return self.observation(live, self.granted, self.pending)
 
     def observation(
         self,
@@ -164,16 +169,23 @@ class Tally:
         """The policy's view: the totals, and the gauges of the live services (a producer
         counts from its first heartbeat since it registered: until then the last one may
         be an earlier incarnation's). ``granted``: the grants sent, by producer (the policy
-        reads those of the live producers); ``pending``: see :class:`Observation`."""
+        reads those of the live producers); ``pending``: see :class:`Observation`.
+
+        The observation's per-producer maps are this tally's own when no producer is left
+        out (no copy of a thousand producers' entries per decision): they hold for one
+        decision and move with the next :meth:`scan` or :meth:`grant`."""
         version, params = 0, None
         for name, (updates, published) in self.learners.items():
             version = max(version, updates)
             if published is not None and name in live:
                 params = max(params or 0, published)
         filling = any(f and name in live for name, f in self.buffers.items())
-        versions, fragments, sent = dict(self.versions), dict(self.fragments), dict(self.sent)
-        for name in self._not_counted(live):
-            versions.pop(name, None), fragments.pop(name, None), sent.pop(name, None)
+        versions, fragments, sent = self.versions, self.fragments, self.sent
+        excluded = self._not_counted(live)
+        if excluded:  # (else the tally's own maps: no copy of every producer's per decision)
+            versions, fragments, sent = dict(versions), dict(fragments), dict(sent)
+            for name in excluded:
+                versions.pop(name, None), fragments.pop(name, None), sent.pop(name, None)
         return Observation(
             in_transit=self.in_transit(versions),
             inserted=self.inserted,
@@ -185,7 +197,7 @@ class Tally:
             filling=filling,
             produced=self.produced,
             fragments_sent=sent,
-            granted=dict(granted) if granted else {},
+            granted=granted if isinstance(granted, dict) else dict(granted or {}),
             params_version=params,
             pending=pending,
         )
@@ -223,11 +235,19 @@ class Tally:
                     if offset > self._furthest.get(key, 0.0):
                         self._furthest[key] = offset
             self._transit = {name: self._transit_of(name) for name in self.streams}
+            self._transit_total = sum(self._transit.values())
             self._buffers_moved = False
         transit = self._transit
         if len(actors) == len(transit):
-            return int(sum(transit.values()))
+            return int(self._transit_total)
         return int(sum(transit.get(name, 0.0) for name in actors))
+
+    def _set_transit(self, actor: str, samples: float | None) -> None:
+        """``actor``'s samples in transit are ``samples`` now (None: it is gone)."""
+        before = self._transit.pop(actor, 0.0) if samples is None else self._transit.get(actor, 0.0)
+        if samples is not None:
+            self._transit[actor] = samples
+        self._transit_total += (samples or 0.0) - before
 
     def _transit_of(self, actor: str) -> float:
         furthest = self._furthest
@@ -242,8 +262,8 @@ def _prefixed(values: Mapping[str, float], prefix: str) -> dict[str, float]:
     return {k[n:]: v for k, v in values.items() if k.startswith(prefix)}
 
 
-def _dropped(hb: Heartbeat) -> int:
-    return sum([v for k, v in hb.counters.items() if k.startswith("dropped/")])
+def _dropped(counters: Mapping[str, int]) -> int:
+    return sum([v for k, v in counters.items() if k.startswith("dropped/")])
 
 
 def lag_summary(heartbeats: Mapping[str, Heartbeat]) -> dict[str, float] | None:
