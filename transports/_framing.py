@@ -34,6 +34,10 @@ GOODBYE = struct.pack("<I", GOODBYE_COUNT)
 _COUNT = struct.Struct("<I")
 _DIRECT_THRESHOLD = 64 << 10  # frames at least this big are received in place
 _BUFFER_SIZE = 256 << 10
+"""The largest receive buffer of a connection (a busy one grows to it)."""
+_FIRST_BUFFER_SIZE = 16 << 10
+"""A new connection's receive buffer: a controller's thousand control links would hold
+256 MiB at the largest size (measured: 501 MB of controller RSS at 1,000 services)."""
 _FREE_REFCOUNT = 3  # list entry + loop variable + getrefcount's argument
 
 
@@ -99,7 +103,7 @@ class FrameParser:
         self.max_frames = max_frames
         self.messages: list[tuple[list[memoryview], int]] = []
         self.goodbye = False
-        self._buf = bytearray(_BUFFER_SIZE)
+        self._buf = bytearray(_FIRST_BUFFER_SIZE)
         self._view = memoryview(self._buf)
         self._start = 0
         self._end = 0
@@ -116,8 +120,21 @@ class FrameParser:
         if self._direct is not None:
             return self._direct[self._filled :]
         if self._end == len(self._buf):
-            self._compact()
+            self._make_room()
         return self._view[self._end :]
+
+    def _make_room(self) -> None:
+        """The buffer is full: move the bytes not parsed yet to its front, into a buffer
+        twice as large (up to ``_BUFFER_SIZE``) when they fill half of it or more (a
+        message larger than the buffer, or a link busy enough to fill it in one read)."""
+        n = self._end - self._start
+        if 2 * n < len(self._buf) or len(self._buf) >= _BUFFER_SIZE:
+            self._compact()
+            return
+        grown = bytearray(min(_BUFFER_SIZE, 2 * len(self._buf)))
+        grown[:n] = self._buf[self._start : self._end]
+        self._buf, self._view = grown, memoryview(grown)
+        self._start, self._end = 0, n
 
     def _compact(self) -> None:
         n = self._end - self._start
