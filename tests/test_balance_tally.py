@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tianji.rl.balance import BalanceConfig, BalancePolicy, Observation
+from tianji.rl.grants import Idle
 from tianji.rl.stats import ActorStat, BookStat, BufferStat, LearnerStat
 from tianji.rl.tally import Tally
 from tianji.runtime.events import Heartbeat
@@ -284,3 +285,24 @@ def test_a_scan_of_the_controllers_heartbeats_reads_only_the_logged_changes() ->
     tally.scan(heartbeats)
     assert heartbeats.looked == 2  # actor-7 once, actor-9
     assert tally.produced == 64 * (998 + 3 + 2)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    producers=st.sets(st.sampled_from([f"actor-{i}" for i in range(8)])),
+    holding=st.dictionaries(st.sampled_from([f"actor-{i}" for i in range(10)]), st.integers(1, 3)),
+)
+def test_idle_producers_count_and_list_as_the_producers_not_holding_grants(
+    producers: set[str], holding: dict[str, int]
+) -> None:
+    """A decision's idle producers (counted after every decision, listed in the metrics)
+    are the producers holding nothing, however they are read; holders that are not
+    producers (left since) do not count."""
+    expected = frozenset(producers) - set(holding)
+    counted = Idle(dict.fromkeys(producers, 0), holding)
+    assert len(counted) == len(expected)  # counted before it is listed
+    assert all((p in counted) == (p in expected) for p in [*producers, *holding, "x"])
+    listed = Idle(dict.fromkeys(producers, 0), holding)
+    assert set(listed) == expected and listed == expected and len(listed) == len(expected)
+    assert listed - {"actor-0"} == expected - {"actor-0"}
+    assert isinstance(listed - {"actor-0"}, frozenset)

@@ -6,8 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Set as AbstractSet
+from typing import TypeVar
 
-__all__ = ["Decision", "Grant", "Ledger", "Observation"]
+__all__ = ["Decision", "Grant", "Idle", "Ledger", "Observation"]
+
+_S = TypeVar("_S")
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -72,14 +77,15 @@ class Decision:
 
     Attributes:
         grants: the producers whose grant this decision raises (or sets), and the grant.
-        idle: producers left with nothing granted to collect.
+        idle: producers left with nothing granted to collect (a set; :class:`Idle` when
+            the policy's ledger made it).
         consume_limit: the cumulative ``consumed`` count the learners may reach (``None``:
             unlimited).
         reason: a human-readable explanation (logged on changes).
     """
 
     grants: dict[str, Grant]
-    idle: frozenset[str]
+    idle: AbstractSet[str]
     consume_limit: int | None
     reason: str
     learner_waits: bool = False
@@ -161,6 +167,46 @@ class Ledger:
         floor = before.min_version if before is not None else 0
         self.new[producer] = Grant(self._given[producer], max(min_version, floor))
 
-    def idle(self) -> frozenset[str]:
-        idle = frozenset(self.producers)
-        return idle.difference(self.pending) if self.pending else idle
+    def idle(self) -> Idle:
+        return Idle(self.producers, self.pending)
+
+
+class Idle(AbstractSet[str]):
+    """The producers with nothing granted to collect: ``producers`` but for those
+    ``holding`` fragments not yet sent. A decision's idle producers are counted (the
+    controller's gauge after every decision) in O(holding) and listed only when read
+    (its metrics, every few seconds): a frozenset of a thousand producers per decision
+    cost a fifth of a decision at 1,000 services. ``holding`` is the decision's own;
+    ``producers`` is read as it is when the members are listed."""
+
+    __slots__ = ("_holding", "_members", "_producers")
+
+    def __init__(self, producers: Mapping[str, object], holding: Mapping[str, int]) -> None:
+        self._producers = producers
+        self._holding = holding
+        self._members: frozenset[str] | None = None
+
+    def members(self) -> frozenset[str]:
+        if self._members is None:
+            every = frozenset(self._producers)
+            self._members = every.difference(self._holding) if self._holding else every
+        return self._members
+
+    def __len__(self) -> int:
+        if self._members is not None:
+            return len(self._members)
+        producers = self._producers
+        return len(producers) - sum(1 for p in self._holding if p in producers)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._producers and name not in self._holding
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.members())
+
+    def __repr__(self) -> str:
+        return f"Idle({sorted(self.members())!r})"
+
+    @classmethod
+    def _from_iterable(cls, it: Iterable[_S]) -> AbstractSet[_S]:  # ``idle - {name}``, ...
+        return frozenset(it)

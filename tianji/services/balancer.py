@@ -19,6 +19,7 @@ import collections
 import logging
 import time
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import msgspec
@@ -80,7 +81,7 @@ class Balancer:
         self.policy = BalancePolicy(config)
         self._send: Send = send or _unattached
         self.window = window
-        self.idle: frozenset[str] = frozenset()  # producers with nothing granted to collect
+        self.idle: AbstractSet[str] = frozenset()  # producers with nothing granted to collect
         self.grants: dict[str, int] = {}  # learner -> consume limit sent
         self.production: dict[str, Grant] = {}  # producer -> production grant sent
         self._incarnation: dict[str, float | None] = {}  # producer -> registered_at
@@ -189,8 +190,10 @@ class Balancer:
         if self.last is None or decision.reason.split(":")[0] != self.last.reason.split(":")[0]:
             log.debug("balance: %s", decision.reason)
         self.last = decision
-        await self._grant_production(decision, live)
+        # the observation's maps are the tally's own, which a service retired while the
+        # grants below are sent (forget) would change: read them (the watchdog) before
         self._watch(obs, heartbeats, live, now)
+        await self._grant_production(decision, live)
         if not self.config.limits_consumption or decision.consume_limit is None:
             return
         # Data-parallel learners step together on equal batches: each gets an equal share.
