@@ -21,11 +21,15 @@ setup: $(VENV)/.installed
 demo: setup
 	$(VENV)/bin/tianji train examples/cartpole_ppo.toml --target-return 475 --max-seconds 300
 
+# The quick tests run on two workers (pytest-xdist; docs/results/test-suite-time.md); the
+# slow end-to-end ones then run one at a time, as their time limits and training targets
+# assume a quiet machine.
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 -m "not slow"
+	$(PY) -m pytest -q -m slow
 
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -n 2 -m "not slow"
 
 lint: setup
 	$(VENV)/bin/ruff check tianji transports algorithms tests examples
