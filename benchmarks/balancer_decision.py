@@ -37,6 +37,7 @@ except ImportError:  # a checkout from before the Registry (to measure it side b
     Registry = dict  # type: ignore[misc,assignment]
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "cartpole_dqn.toml"
+_PLUS_ONE = bytes((b + 1) % 256 for b in range(256))
 
 
 class _Run:
@@ -102,17 +103,22 @@ class _Run:
             self.heartbeats["learner-0"] = self.learner()
 
 
-async def measure(actors: int, changed: int, decisions: int) -> dict[str, Any]:
+async def measure(actors: int, changed: int, decisions: int, evict_mb: int = 0) -> dict[str, Any]:
     """Microseconds per ``Balancer.update`` over ``decisions`` decisions (after 100 warm-up
-    ones) with ``changed`` actors' heartbeats new before each."""
+    ones) with ``changed`` actors' heartbeats new before each; with ``evict_mb``, that
+    many MB are read and written between two decisions (untimed), as a controller's other
+    work (receiving, decoding) pushes the balancer's data out of the CPU's caches."""
     plan = RunPlan.build(load_config(str(EXAMPLE), [f"actors.count={actors}"]))
     run = _Run(actors, plan.balance.fragment_samples)
     balancer = Balancer(plan.balance, run.send)
+    junk = bytearray(evict_mb << 20)
     spent, k = 0.0, 0
     for i in range(decisions + 100):
         batch = [run.names[(k + j) % actors] for j in range(changed)]
         k += changed
         run.move(batch, everyone=i % 50 == 0)
+        if junk:
+            junk[:] = junk.translate(_PLUS_ONE)  # every byte read and written once
         started = time.perf_counter()
         await balancer.update(run.heartbeats, run.live)
         if i >= 100:
@@ -121,6 +127,7 @@ async def measure(actors: int, changed: int, decisions: int) -> dict[str, Any]:
         "actors": actors,
         "changed_per_decision": changed,
         "decisions": decisions,
+        "evict_mb": evict_mb,
         "us_per_decision": round(spent / decisions * 1e6, 1),
         "grants_sent": balancer.commands.get("grant_production", 0),
     }
@@ -131,11 +138,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--actors", type=int, nargs="+", default=[96, 996, 9996])
     parser.add_argument("--changed", type=int, default=20, help="new heartbeats per decision")
     parser.add_argument("--decisions", type=int, default=2000)
+    parser.add_argument(
+        "--evict-mb", type=int, default=0, help="MB touched between decisions (cold caches)"
+    )
     parser.add_argument("--out", type=Path, help="write OUT.json and OUT.md")
     args = parser.parse_args(argv)
     rows = []
     for actors in args.actors:
-        row = asyncio.run(measure(actors, args.changed, args.decisions))
+        row = asyncio.run(measure(actors, args.changed, args.decisions, args.evict_mb))
         print(json.dumps(row), flush=True)
         rows.append(row)
     if args.out is not None:
@@ -144,9 +154,10 @@ def main(argv: list[str] | None = None) -> int:
         lines = [
             "# One balance decision, alone (`benchmarks/balancer_decision.py`)", "",
             f"Command: `{command}`", "",
-            "| actors | changed heartbeats per decision | us per decision |", "|---:|---:|---:|",
-            *(f"| {r['actors']:,} | {r['changed_per_decision']} | {r['us_per_decision']} |"
-              for r in rows),
+            "| actors | changed heartbeats per decision | MB touched between | us per decision |",
+            "|---:|---:|---:|---:|",
+            *(f"| {r['actors']:,} | {r['changed_per_decision']} | {r['evict_mb']} "
+              f"| {r['us_per_decision']} |" for r in rows),
         ]  # fmt: skip
         args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     return 0
