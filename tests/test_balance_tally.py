@@ -306,3 +306,8 @@ def test_idle_producers_count_and_list_as_the_producers_not_holding_grants(
     assert set(listed) == expected and listed == expected and len(listed) == len(expected)
     assert listed - {"actor-0"} == expected - {"actor-0"}
     assert isinstance(listed - {"actor-0"}, frozenset)
+    later = dict.fromkeys(producers, 0)
+    answered = Idle(later, holding)
+    members = set(answered)
+    later["actor-99"] = 0  # a producer that joined after the listing
+    assert ("actor-99" in answered) == ("actor-99" in members) and len(answered) == len(members)

@@ -199,6 +199,8 @@ class Idle(AbstractSet[str]):
         return len(producers) - sum(1 for p in self._holding if p in producers)
 
     def __contains__(self, name: object) -> bool:
+        if self._members is not None:  # once listed, it answers as listed
+            return name in self._members
         return name in self._producers and name not in self._holding
 
     def __iter__(self) -> Iterator[str]:
