@@ -34,7 +34,7 @@ GOODBYE = struct.pack("<I", GOODBYE_COUNT)
 _COUNT = struct.Struct("<I")
 _DIRECT_THRESHOLD = 64 << 10  # frames at least this big are received in place
 _BUFFER_SIZE = 256 << 10
-"""The largest receive buffer of a connection (a busy one grows to it)."""
+"""The largest receive buffer of a connection (one whose messages need it grows to it)."""
 _FIRST_BUFFER_SIZE = 16 << 10
 """A new connection's receive buffer: a controller's thousand control links would hold
 256 MiB at the largest size (measured: 501 MB of controller RSS at 1,000 services)."""
@@ -126,7 +126,9 @@ class FrameParser:
     def _make_room(self) -> None:
         """The buffer is full: move the bytes not parsed yet to its front, into a buffer
         twice as large (up to ``_BUFFER_SIZE``) when they fill half of it or more (a
-        message larger than the buffer, or a link busy enough to fill it in one read)."""
+        message, or a frame header, that does not fit in the buffer as it is). A link of
+        many small messages keeps its size: what is left unparsed at the end of a read
+        is a part of one message."""
         n = self._end - self._start
         if 2 * n < len(self._buf) or len(self._buf) >= _BUFFER_SIZE:
             self._compact()
