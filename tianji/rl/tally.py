@@ -129,11 +129,10 @@ class Tally:
             self.learner_consumed[name] = part[1]
         else:
             part = (0, 0, 0, 0)
-        old = self._parts.get(name, (0, 0, 0, 0))
-        self.inserted += part[0] - old[0]
-        self.consumed += part[1] - old[1]
-        self.dropped += part[2] - old[2]
-        self.produced += part[3] - old[3]
+        old = self._parts.get(name)
+        if old is not None:
+            self._add(old, -1)
+        self._add(part, 1)
         self._parts[name] = part
         self._seen[name] = hb
 
