@@ -9,6 +9,7 @@ import pytest
 from tianji.launch.ray_nodes import Node, aggregator_specs, relay_specs
 from tianji.launch.spec import ServiceSpec
 from tianji.rl.config_ops import RayConfig
+from tianji.runtime.aggregation import DEFAULT_FLUSH_INTERVAL
 from tianji.runtime.controller import AGGREGATOR_ROLE, RELAY_ROLE
 from tianji.runtime.errors import ConfigError
 
@@ -71,7 +72,8 @@ def test_one_aggregator_per_node_that_hosts_any_service_numbered_by_ip() -> None
     aggregator = planned[0][0]
     assert aggregator.factory == "tianji.runtime.aggregator:HeartbeatAggregator"
     assert aggregator.bind == "tcp://0.0.0.0:0"
-    assert aggregator.options == {"flush_interval": 0.02}  # ray.aggregate_flush_s's default
+    # ray.aggregate_flush_s's default
+    assert aggregator.options == {"flush_interval": DEFAULT_FLUSH_INTERVAL}
     slower = aggregator_specs(specs, nodes, flush_interval=0.05)
     assert {a.options["flush_interval"] for a, _ in slower} == {0.05}
     assert aggregator_specs(specs, {}) == []

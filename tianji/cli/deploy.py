@@ -69,7 +69,7 @@ def _add_serve_parser(sub: Any) -> None:
         type=float,
         metavar="S",
         help="aggregator only: the longest a heartbeat waits before its batch goes to the "
-        "controller (default 0.02; longer costs the controller less and delays what it sees)",
+        "controller (default 0.04; longer costs the controller less and delays what it sees)",
     )
     p.add_argument(
         "--local",

@@ -12,6 +12,7 @@ import typing
 from collections.abc import Sequence
 from typing import Any
 
+from tianji.runtime.aggregation import DEFAULT_FLUSH_INTERVAL
 from tianji.runtime.errors import ConfigError
 
 __all__ = [
@@ -182,9 +183,10 @@ class RayConfig:
     and it sends the controller one batch of them per flush interval, so the controller's
     cost grows with nodes, not services; a heartbeat then reaches the controller up to one
     flush interval later. 0: never; 1: always."""
-    aggregate_flush_s: float = 0.02
+    aggregate_flush_s: float = DEFAULT_FLUSH_INTERVAL
     """An aggregator's flush interval: the longest a heartbeat waits there. Longer batches
-    cost the controller less (fewer messages) and delay what it sees of the run."""
+    cost the controller less (fewer messages and decisions) and delay what it sees of the
+    run."""
 
     def __post_init__(self) -> None:
         if self.address is not None and not self.address.strip():

@@ -24,7 +24,13 @@ from tianji.runtime.errors import TianjiError
 from tianji.runtime.loop import first_done
 from tianji.runtime.wiring import FrameList, ServiceOptions
 
-__all__ = ["AGGREGATOR_ROLE", "HEARTBEATS_TOPIC", "HeartbeatRoute", "RouteStat"]
+__all__ = [
+    "AGGREGATOR_ROLE",
+    "DEFAULT_FLUSH_INTERVAL",
+    "HEARTBEATS_TOPIC",
+    "HeartbeatRoute",
+    "RouteStat",
+]
 
 log = logging.getLogger("tianji.service")
 
@@ -34,6 +40,10 @@ node) and send the controller one :class:`~tianji.runtime.events.HeartbeatBatch`
 HEARTBEATS_TOPIC: Final = "_heartbeats"
 """The pseudo-topic an aggregator publishes: a service that watches it is told the
 address of its locality's aggregator (no events travel on it)."""
+DEFAULT_FLUSH_INTERVAL: Final = 0.04
+"""Seconds between an aggregator's flush ticks (the most a heartbeat waits there). Every
+tick costs the controller a decision and one message per node: 25 a second at 0.04 s
+(``docs/scaling.md``)."""
 UNROUTED_ROLES: Final = frozenset({AGGREGATOR_ROLE, "controller"})
 """Roles whose heartbeats always go straight to the controller."""
 

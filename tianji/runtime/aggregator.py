@@ -1,7 +1,9 @@
 """A node's heartbeat aggregator: the services of one locality (host) send it their
 heartbeats; it sends the controller one :class:`~tianji.runtime.events.HeartbeatBatch`
 per ``flush_interval`` holding the latest heartbeat of each, so the controller's cost
-grows with nodes, not services (issue 36).
+grows with nodes, not services (issue 36). Every node's aggregator flushes on the same
+wall-clock ticks, and the controller decides on one tick's batches together
+(:mod:`tianji.runtime.rounds`).
 
 The controller tells the services of the aggregator's locality its address (the
 pseudo-topic :data:`~tianji.runtime.aggregation.HEARTBEATS_TOPIC`); a service whose
@@ -20,9 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any, Final
 
-from tianji.runtime.aggregation import AGGREGATOR_ROLE, HEARTBEATS_TOPIC
+from tianji.runtime.aggregation import AGGREGATOR_ROLE, DEFAULT_FLUSH_INTERVAL, HEARTBEATS_TOPIC
 from tianji.runtime.core import Connection
 from tianji.runtime.errors import TianjiError
 from tianji.runtime.events import Event, Heartbeat, HeartbeatBatch
@@ -38,9 +41,6 @@ __all__ = [
 
 log = logging.getLogger("tianji.aggregator")
 
-DEFAULT_FLUSH_INTERVAL = 0.02
-"""Seconds from the first heartbeat held to the batch that sends it (the most a heartbeat
-waits here)."""
 DEFAULT_MAX_SERVICES = 100_000
 """Services whose heartbeats are held at once; a heartbeat of one more is dropped."""
 MAX_BATCH = 2000
@@ -130,11 +130,18 @@ class HeartbeatAggregator(Service):
             await super().on_request(ev, conn)
 
     async def main(self) -> None:
-        """Flush ``flush_interval`` after the first heartbeat held, until stopped."""
+        """Flush at the first tick (:meth:`until_tick`) after a heartbeat is held, until
+        stopped."""
         while True:
             await self._held.wait()
-            await asyncio.sleep(self.flush_interval)
+            await asyncio.sleep(self.until_tick())
             await self.flush()
+
+    def until_tick(self) -> float:
+        """Seconds to the next multiple of ``flush_interval`` on the wall clock: every
+        node's aggregator flushes at the same moments, and the controller decides on their
+        batches together (:mod:`tianji.runtime.rounds`)."""
+        return self.flush_interval - time.time() % self.flush_interval
 
     async def flush(self) -> bool:
         """Send everything held as one batch; False (kept, sent at a later flush) if the
