@@ -24,6 +24,7 @@ from tianji.rl.masks import mask_size
 
 __all__ = [
     "MASK_FILL",
+    "BOARD_TORSO",
     "TORSOS",
     "MaskedNetwork",
     "NatureCNN",
@@ -207,10 +208,12 @@ def obs_tensor(obs: np.ndarray, device: torch.device, *, image: bool = False) ->
     return host_to_device(flat, device, torch.float32)
 
 
-TORSOS = ("auto", "mlp", "nature")
+TORSOS = ("auto", "mlp", "nature", "board")
 """What ``[algo] torso`` may say besides a custom ``"module:Class"`` (:func:`custom_torso`):
 "auto" picks "nature" for image observations (see :func:`is_image_space`) and "mlp"
-otherwise."""
+otherwise; "board" is :data:`BOARD_TORSO`."""
+BOARD_TORSO = "tianji.algorithms._board:BoardCNN"
+"""The board games' convolution (``algorithms/_board.py``), built as a custom torso."""
 
 
 def is_custom(torso: str) -> bool:
@@ -256,8 +259,8 @@ def resolve_torso(key: str, torso: str, observation_space: Any) -> str:
     """``torso`` with "auto" resolved for ``observation_space``.
 
     Raises:
-        ConfigError: for a torso name not in :data:`TORSOS`, or "nature" for observations
-            that are not images.
+        ConfigError: for a torso name not in :data:`TORSOS`, "nature" for observations
+            that are not images, or "board" for observations that are not boards.
     """
     if is_custom(torso):
         return torso
@@ -269,6 +272,13 @@ def resolve_torso(key: str, torso: str, observation_space: Any) -> str:
     if torso == "nature" and not image:
         why = f'"mlp" or "auto" for observations {observation_space!r} (not uint8 images)'
         raise ConfigError(key, torso, why)
+    if torso == "board":
+        from tianji.algorithms._board import board_shape
+
+        if board_shape(observation_space) is None:
+            why = f'"mlp" or "auto" for {observation_space!r} (not [H, W, C] piece planes)'
+            raise ConfigError(key, torso, why)
+        return BOARD_TORSO
     return torso
 
 

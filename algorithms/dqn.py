@@ -39,7 +39,8 @@ class DQNConfig(ReplayConfig):
 
     torso: str = "auto"
     """The Q-network's body: "mlp", "nature" (the Nature-DQN CNN for uint8 image
-    observations, e.g. the Atari preset's), "auto" (the CNN for images, else the MLP) or
+    observations, e.g. the Atari preset's), "board" (a convolution over board games'
+    piece planes, ``algorithms/_board.py``), "auto" (the CNN for images, else the MLP) or
     your own ``"package.module:Class"`` / ``"file.py:Class"`` (``Class(observation_space)``,
     an ``nn.Module`` with an int ``features``; a linear head is put on it)."""
     double: bool = True

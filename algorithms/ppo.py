@@ -95,8 +95,9 @@ class PPOConfig(OnPolicyConfig):
     "nature" torso is always shared)."""
     torso: str = "auto"
     """The network's body: "mlp" (``hidden``), "nature" (the Nature-DQN CNN for uint8
-    image observations, e.g. the Atari preset's; one torso, two linear heads), "auto"
-    (the CNN for images, else the MLP) or your own ``"package.module:Class"`` /
+    image observations, e.g. the Atari preset's; one torso, two linear heads), "board"
+    (a convolution over board games' piece planes, ``algorithms/_board.py``; shared
+    likewise), "auto" (the CNN for images, else the MLP) or your own ``"package.module:Class"`` /
     ``"file.py:Class"`` (``Class(observation_space)``, an ``nn.Module`` with an int
     ``features``; shared by two linear heads, as the CNN is)."""
     init_log_std: float = 0.0
