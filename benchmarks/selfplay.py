@@ -11,8 +11,9 @@ over the run) and the evaluations made during the run. Writes
 ``<out>/selfplay-connect-four.json`` and ``.md``. Run it alone on the machine.
 
 ``--set KEY=VALUE`` passes overrides to training (e.g. ``--set
-'selfplay.train_opponents={connect_four_scripted = 0.2}'``; the report then says that the
-policy was trained against it) and ``--tag NAME`` writes
+'selfplay.train_opponents={}'`` for pure self-play: the example mixes the scripted and
+random players into training, and the report says so whenever the policy was trained
+against a fixed opponent) and ``--tag NAME`` writes
 ``selfplay-connect-four-NAME.{json,md}`` instead.
 
 The goal it reports (issue 35): after 30 minutes the policy wins >= 95 % of its games
