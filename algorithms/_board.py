@@ -43,7 +43,8 @@ class BoardCNN(nn.Module):
     Args:
         observation_space: a board (see :func:`board_shape`).
         channels: the convolution's output channels.
-        kernel: the window's side (at most the board's shorter side).
+        kernel: the window's side (at most the board's shorter side; by default 4, or
+            the shorter side of a smaller board, such as tic-tac-toe's 3).
         features: the output size.
 
     Raises:
@@ -51,7 +52,11 @@ class BoardCNN(nn.Module):
     """
 
     def __init__(
-        self, observation_space: Any, channels: int = 128, kernel: int = 4, features: int = 256
+        self,
+        observation_space: Any,
+        channels: int = 128,
+        kernel: int | None = None,
+        features: int = 256,
     ) -> None:
         super().__init__()
         shape = board_shape(observation_space)
@@ -60,6 +65,7 @@ class BoardCNN(nn.Module):
                 f"{observation_space!r} is not a board: [H, W, C] piece planes, C <= 4"
             )
         h, w, c = shape
+        kernel = min(4, h, w) if kernel is None else kernel
         if not 1 <= kernel <= min(h, w):
             raise ValueError(f"kernel={kernel} does not fit a {h} x {w} board")
         self.shape = shape

@@ -39,6 +39,8 @@ def test_boards_are_told_from_other_observations() -> None:
     assert resolve_torso("algo.torso", "board", FOUR) == BOARD_TORSO
     with pytest.raises(ConfigError, match=r"algo\.torso.*board.*not \[H, W, C\] piece planes"):
         resolve_torso("algo.torso", "board", spaces.Box(-1, 1, (4,), np.float32))
+    tic_tac_toe = BoardCNN(spaces.Box(0, 1, (3, 3, 2), np.float32))  # 3 x 3 windows
+    assert tic_tac_toe(torch.zeros(2, 18)).shape == (2, tic_tac_toe.features)
     with pytest.raises(ValueError, match="kernel=5 does not fit a 3 x 3 board"):
         BoardCNN(spaces.Box(0, 1, (3, 3, 2), np.float32), kernel=5)
 
