@@ -24,7 +24,8 @@ def board_shape(observation_space: Any) -> tuple[int, int, int] | None:
     """``(H, W, C)`` of a channels-last board of piece planes (C <= 4, each side >= 3 and
     below 36), from a Box's shape or a masked observation's feature shape; None for any
     other observation."""
-    shape = tuple(getattr(observation_space, "feature_shape", None) or observation_space.shape)
+    shape = getattr(observation_space, "feature_shape", None) or observation_space.shape
+    shape = tuple(shape or ())  # (a Dict or Tuple space has none)
     if len(shape) != 3:
         return None
     h, w, c = (int(x) for x in shape)

@@ -36,6 +36,7 @@ def test_boards_are_told_from_other_observations() -> None:
     assert board_shape(spaces.Box(-1, 1, (4,), np.float32)) is None  # CartPole's vector
     assert board_shape(spaces.Box(0, 255, (84, 84, 3), np.uint8)) is None  # an image
     assert board_shape(spaces.Box(0, 1, (6, 7, 9), np.float32)) is None  # 9 planes
+    assert board_shape(spaces.Dict({"board": FOUR})) is None  # no shape at all
     assert resolve_torso("algo.torso", "board", FOUR) == BOARD_TORSO
     with pytest.raises(ConfigError, match=r"algo\.torso.*board.*not \[H, W, C\] piece planes"):
         resolve_torso("algo.torso", "board", spaces.Box(-1, 1, (4,), np.float32))
