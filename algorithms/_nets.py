@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from tianji.algorithms._board import board_shape
 from torch import nn
 
 from tianji.rl.algorithm import GradientSync
@@ -273,8 +274,6 @@ def resolve_torso(key: str, torso: str, observation_space: Any) -> str:
         why = f'"mlp" or "auto" for observations {observation_space!r} (not uint8 images)'
         raise ConfigError(key, torso, why)
     if torso == "board":
-        from tianji.algorithms._board import board_shape
-
         if board_shape(observation_space) is None:
             why = f'"mlp" or "auto" for {observation_space!r} (not [H, W, C] piece planes)'
             raise ConfigError(key, torso, why)
