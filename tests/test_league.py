@@ -7,6 +7,7 @@ import pytest
 
 from tianji.rl.league import (
     LEARNER,
+    LIVE,
     League,
     SelfPlayConfig,
     elo_expected,
@@ -160,3 +161,31 @@ def test_a_bad_training_mix_is_refused_naming_it(mix: dict[str, object]) -> None
         SelfPlayConfig(train_opponents=mix)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="train_opponents"):
         League(SelfPlayConfig(), fixed={"v3": 0.1})
+
+
+def test_live_games_take_their_share_before_the_snapshots_split_the_rest() -> None:
+    league = League(
+        SelfPlayConfig(pfsp="uniform", latest_prob=0.5, live_prob=0.4),
+        fixed={"scripted": 0.1},
+    )
+    assert league.weights() == {}  # no mirror games before the first snapshot either
+    for version in (10, 20):
+        league.snapshot(version)
+    # the snapshots share 1 - 0.4 - 0.1 = 0.5: v10 0.5 * 0.25, v20 0.5 * (0.5 + 0.25)
+    want = {"v10": 0.125, "v20": 0.375, "scripted": 0.1, LIVE: 0.4}
+    assert league.weights() == pytest.approx(want)
+    rng = np.random.default_rng(2)
+    draws = [league.opponent(rng) for _ in range(20_000)]
+    assert draws.count(LIVE) / len(draws) == pytest.approx(0.4, abs=0.015)
+    with pytest.raises(KeyError):  # the learner against itself is no rated game
+        league.record(LIVE, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("live", "mix"), [(-0.1, {}), (1.0, {}), (0.6, {"scripted": 0.4}), (0.9, {"r": 0.2})]
+)
+def test_a_bad_live_share_is_refused_naming_it(live: float, mix: dict[str, float]) -> None:
+    with pytest.raises(ConfigError, match=r"selfplay\.(live_prob|train_opponents)"):
+        SelfPlayConfig(live_prob=live, train_opponents=mix)
+    with pytest.raises(ConfigError, match='"live"'):
+        League(SelfPlayConfig(), fixed={LIVE: 0.1})

@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tianji.rl.config import EnvConfig, RunConfig, to_dict
+from tianji.rl.config import ActorConfig, EnvConfig, RunConfig, to_dict
 from tianji.rl.events import DrawOpponents, GamesPlayed, ParamsPublished, SnapshotTaken
-from tianji.rl.league import LEARNER, SelfPlayConfig
-from tianji.rl.selfplay import ConnectFourScripted, RandomOpponent, fixed_opponent
+from tianji.rl.league import LEARNER, LIVE, SelfPlayConfig
+from tianji.rl.selfplay import ConnectFourScripted, PolicyOpponent, RandomOpponent, fixed_opponent
 from tianji.runtime.errors import ConfigError
 from tianji.services.league import RANDOM, LeagueService, selfplay_summary
 from tianji.services.opponents import OpponentPool
@@ -150,3 +150,37 @@ def test_evaluation_plays_each_fixed_opponent_half_first_half_second() -> None:
     seats = [env.unwrapped.seat for env in worker._envs[6].envs]
     assert seats == [0, 1, 0, 1, 0, 1]
     assert (lengths >= 3).all()  # a game ends after 3 of the learner's moves at the soonest
+
+
+def test_the_opponent_pool_draws_the_actors_live_policy_by_its_share() -> None:
+    live = PolicyOpponent(LIVE, lambda obs: np.full(len(obs), 5))
+    pool = OpponentPool(Constant, pool_size=2, explore=True, seed=0, live=live)
+    assert isinstance(pool.draw(), RandomOpponent)  # before the first snapshot, as ever
+    asyncio.run(pool.on_snapshot(snapshot(1)))
+    asyncio.run(pool.on_opponents(DrawOpponents(probabilities={"v1": 0.6, LIVE: 0.4}, ratings={})))
+    draws = [pool.draw() for _ in range(4000)]
+    assert all(d is live for d in draws if d.id == LIVE)
+    assert 0.36 < sum(d.id == LIVE for d in draws) / len(draws) < 0.44
+    assert live.act(np.zeros(91, np.float32)) == 5
+
+
+def test_mirror_games_are_counted_not_rated(tmp_path: Path) -> None:
+    league = LeagueService("league", settings=SelfPlayConfig(live_prob=0.5), bind="inproc://")
+    capture(league)
+    asyncio.run(league.on_snapshot(snapshot(0)))
+    games = GamesPlayed(
+        actor="actor-0", policy_version=3, opponents=(LIVE, "v0", LIVE),
+        seats=np.array([0, 1, 0], np.int8), outcomes=np.array([1, -1, -1], np.float32),
+    )  # fmt: skip
+    asyncio.run(league.on_games(games))
+    assert league.counters["games_live"] == 2 and league.counters["games_rated"] == 1
+    assert league.counters["games_unrated"] == 0
+    assert league.league.learner.games == 1  # only the game against v0 moved the ratings
+    assert selfplay_summary(league, monitor=None)["games_live"] == 2
+
+
+def test_live_games_need_the_weights_in_the_actors() -> None:
+    settings = SelfPlayConfig(live_prob=0.5)
+    RunConfig(env=C4, selfplay=settings)  # local inference (the default): fine
+    with pytest.raises(ConfigError, match=r"selfplay\.live_prob.*inference"):
+        RunConfig(env=C4, selfplay=settings, actors=ActorConfig(inference="service"))

@@ -431,11 +431,8 @@ class RunConfig:
             raise ConfigError("transport", self.transport, "one of inproc, tcp, shm")
         shards = self.buffer.shards
         if shards > self.actors.count:
-            raise ConfigError(
-                "buffer.shards",
-                shards,
-                f"at most actors.count={self.actors.count} (one actor each)",
-            )
+            why = f"at most actors.count={self.actors.count} (one actor each)"
+            raise ConfigError("buffer.shards", shards, why)
         if shards > 1 and self.controller.mode == Mode.SYNC:
             raise ConfigError(
                 "buffer.shards", shards, "1 with controller.mode = 'sync' (one round of all actors)"
@@ -443,6 +440,9 @@ class RunConfig:
         if self.selfplay != SelfPlayConfig() and self.env.api != "two_player":
             why = 'set only for self-play: [env] api = "two_player"'
             raise ConfigError("selfplay", to_dict(self.selfplay), why)
+        if self.selfplay.live_prob > 0 and self.actors.inference == "service":
+            why = '0 with [actors] inference = "service" (actors hold no weights to play)'
+            raise ConfigError("selfplay.live_prob", self.selfplay.live_prob, why)
         self._check_population()
         if self.stop.on == "eval" and not self.eval.workers:
             raise ConfigError("stop.on", self.stop.on, '"train" when eval.workers is 0')

@@ -144,8 +144,14 @@ def env_spaces_and_state(
 
 def make_vector_env(config: EnvConfig, num_envs: int) -> SyncVectorEnv:
     """``num_envs`` copies stepped together; finished envs reset in the same step, and the
-    true final observation is in ``info["final_obs"]``."""
+    true final observation is in ``info["final_obs"]``. Two-player games without wrappers
+    come as a :class:`~tianji.rl.selfplay_vector.TwoPlayerVectorEnv` (a ``SyncVectorEnv``
+    whose opponents move in batches)."""
     factory = env_factory(config)
+    if config.api == "two_player" and not config.wrappers:
+        from tianji.rl.selfplay_vector import TwoPlayerVectorEnv
+
+        return TwoPlayerVectorEnv([factory] * num_envs)  # the opponents' moves batched
     return SyncVectorEnv([factory] * num_envs, autoreset_mode=AutoresetMode.SAME_STEP)
 
 

@@ -2,8 +2,10 @@
 games played, and the choice of the next opponent.
 
 The learning policy (the *learner*, always the newest weights) plays two-player zero-sum
-games against opponents drawn from the league: with probability ``latest_prob`` the newest
-snapshot of itself, otherwise one of the pool's snapshots, weighted by prioritized fictitious
+games against opponents drawn from the league: with probability ``live_prob`` its own
+current weights (a mirror game, :data:`LIVE`, not rated: both seats are the same player),
+and otherwise, with probability ``latest_prob``, the newest
+snapshot of itself, else one of the pool's snapshots, weighted by prioritized fictitious
 self-play (PFSP, Vinyals et al. 2019): ``"hard"`` favours the snapshots the learner is
 least likely to beat (weight ``(1 - p) ** exponent``), ``"even"`` the ones it beats about
 half the time (weight ``p (1 - p)``), ``"uniform"`` all alike; ``p`` is the learner's
@@ -38,6 +40,7 @@ from tianji.runtime.errors import ConfigError
 
 __all__ = [
     "LEARNER",
+    "LIVE",
     "PFSP_RULES",
     "League",
     "SelfPlayConfig",
@@ -49,6 +52,8 @@ __all__ = [
 
 LEARNER: Final = "learner"
 """The id of the learning policy (the newest weights) in the league's ratings."""
+LIVE: Final = "live"
+"""The id of the learner's own current weights as an opponent (``[selfplay] live_prob``)."""
 PFSP_RULES: Final = ("hard", "even", "uniform")
 
 
@@ -95,8 +100,17 @@ class SelfPlayConfig:
     scale's anchor, others are rated like snapshots. Empty (the default): pure self-play.
     An evaluation against an opponent also trained against measures play against a known
     opponent, not generalization: reports should say which it is."""
+    live_prob: float = 0.0
+    """The chance that a game is played against the learner's current weights (the actor's
+    own policy in both seats: a mirror game, :data:`LIVE`), once the league has a snapshot.
+    An opponent that moves with the learner cannot be beaten by a line learned against a
+    frozen copy of it; mirror games are not rated (the learner against itself), so the
+    snapshots keep a share for the ratings: ``live_prob`` and ``train_opponents`` sum to
+    less than 1. Needs local inference (``[actors] inference = "local"``: the actor holds
+    the weights)."""
     latest_prob: float = 0.5
-    """The chance that the next opponent is the newest snapshot (else one from the pool)."""
+    """The chance that a snapshot game is played against the newest snapshot (else one from
+    the pool)."""
     pfsp: str = "hard"
     """How pool opponents are weighted: "hard", "even" or "uniform" (see the module doc)."""
     pfsp_exponent: float = 2.0
@@ -131,8 +145,10 @@ class SelfPlayConfig:
             if not isinstance(p, int | float) or not 0.0 < p < 1.0:
                 key = f"selfplay.train_opponents.{name}"
                 raise ConfigError(key, p, "a probability in (0, 1)")
-        if sum(self.train_opponents.values()) >= 1.0:
-            why = "probabilities summing to less than 1 (the rest is self-play)"
+        if not 0.0 <= self.live_prob < 1.0:
+            raise ConfigError("selfplay.live_prob", self.live_prob, "a probability in [0, 1)")
+        if sum(self.train_opponents.values()) + self.live_prob >= 1.0:
+            why = "probabilities summing with live_prob to less than 1 (the snapshots' share)"
             raise ConfigError("selfplay.train_opponents", self.train_opponents, why)
 
 
@@ -172,13 +188,15 @@ class League:
         self.rules = rules
         self.players: dict[str, Player] = {LEARNER: Player(LEARNER, rules.initial_rating)}
         for name, rating in (anchors or {}).items():
-            if name == LEARNER or name.startswith("v"):
-                raise ConfigError("selfplay.anchors", name, 'a name other than "learner"/"v<N>"')
+            if name in (LEARNER, LIVE) or name.startswith("v"):
+                why = 'a name other than "learner"/"live"/"v<N>"'
+                raise ConfigError("selfplay.anchors", name, why)
             self.players[name] = Player(name, float(rating), anchor=True)
         self.fixed = dict(fixed or {})
         for name in self.fixed:
-            if name == LEARNER or name.startswith("v"):
-                raise ConfigError("selfplay.train_opponents", name, 'an id other than "v<N>"')
+            if name in (LEARNER, LIVE) or name.startswith("v"):
+                why = 'an id other than "learner"/"live"/"v<N>"'
+                raise ConfigError("selfplay.train_opponents", name, why)
             self.players.setdefault(name, Player(name, rules.initial_rating))
         self.pool: list[str] = []
         """Snapshot ids, oldest first (the newest is ``pool[-1]``)."""
@@ -205,13 +223,14 @@ class League:
 
     def weights(self) -> dict[str, float]:
         """The probability of each opponent being the next (they sum to 1): each fixed
-        one's own, and the rest shared among the snapshots as above; none before the
-        first snapshot."""
+        one's own, the learner's live weights' ``live_prob``, and the rest shared among the
+        snapshots as above; none before the first snapshot."""
         if not self.pool:
             return {}
-        selfplay = 1.0 - sum(self.fixed.values())
-        probs = {sid: selfplay * p for sid, p in self._snapshot_weights().items()}
-        return {**probs, **self.fixed}
+        live = {LIVE: self.rules.live_prob} if self.rules.live_prob > 0 else {}
+        snapshots = 1.0 - sum(self.fixed.values()) - self.rules.live_prob
+        probs = {sid: snapshots * p for sid, p in self._snapshot_weights().items()}
+        return {**probs, **self.fixed, **live}
 
     def _snapshot_weights(self) -> dict[str, float]:
         """The snapshots' share of the draws (summing to 1): the newest with

@@ -95,6 +95,11 @@ class PolicyOpponent:
     def act(self, obs: np.ndarray) -> int:
         return int(np.asarray(self._act(obs[None]))[0])
 
+    def act_batch(self, obs: np.ndarray) -> np.ndarray:
+        """Moves ``[B]`` for ``B`` games' views ``[B, D + n]`` in one call of the policy
+        (:class:`~tianji.rl.selfplay_vector.TwoPlayerVectorEnv` batches by opponent)."""
+        return np.asarray(self._act(obs)).reshape(len(obs))
+
 
 ROWS, COLS = 6, 7
 SEATS: Final = ("alternate", "first", "second")
@@ -217,6 +222,24 @@ class TwoPlayerGame(gym.Env[np.ndarray, int]):
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[np.ndarray, dict[str, Any]]:
+        info = self.start(seed=seed)
+        if self.awaits_opponent():
+            self.opponent_plays(self.opponent.act(self.opponent_view()))
+        return self._view(self.me), info
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        self.play(action)
+        if self.awaits_opponent():
+            self.opponent_plays(self.opponent.act(self.opponent_view()))
+        return self.outcome()
+
+    # The phases of reset and step, for a vector env that batches the opponents' moves
+    # (tianji.rl.selfplay_vector): start / play, then the opponent's move while
+    # awaits_opponent(), then outcome (or the learner's view after start).
+
+    def start(self, *, seed: int | None = None) -> dict[str, Any]:
+        """Begin a game: the next opponent drawn, the learner seated; the reset's info.
+        The opponent moves first (:meth:`awaits_opponent`) when the learner sits second."""
         super().reset(seed=seed)
         self.game.reset(seed=seed)
         if self.opponent_source is not None:
@@ -225,17 +248,32 @@ class TwoPlayerGame(gym.Env[np.ndarray, int]):
         self.seat = 0 if first[self.seat_rule] else 1
         self.games += 1
         self.me = self.agents[self.seat]
-        if self.game.agent_selection != self.me:
-            self._opponent_moves()
-        return self._view(self.me), {"seat": self.seat, "opponent": self.opponent.id}
+        return {"seat": self.seat, "opponent": self.opponent.id}
 
-    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+    def play(self, action: int) -> None:
+        """The learner's move (refused if illegal: :class:`IllegalMove`)."""
         action = int(action)
-        view = self._view(self.me)
-        self._check(view, action, "the learner")
+        self._check(self._view(self.me), action, "the learner")
         self.game.step(action)
-        if not self._over():
-            self._opponent_moves()
+
+    def awaits_opponent(self) -> bool:
+        """The game goes on and the other seat is to move."""
+        return not self._over() and self.game.agent_selection != self.me
+
+    def opponent_view(self) -> np.ndarray:
+        """The masked observation ``[D + n]`` of the seat to move (the opponent's)."""
+        return self._view(self.game.agent_selection)
+
+    def opponent_plays(self, action: int) -> None:
+        """The opponent's move (refused if illegal: :class:`IllegalMove`)."""
+        action = int(action)
+        self._check(self.opponent_view(), action, f"opponent {self.opponent.id!r}")
+        self.game.step(action)
+
+    def outcome(self) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        """The step's result from the learner's seat: its view, the reward (the outcome
+        at the game's end, else 0), terminated, truncated and info (``outcome``,
+        ``opponent`` and ``seat`` at the end)."""
         over = self._over()
         reward = float(self.game.rewards[self.me]) if over else 0.0
         info: dict[str, Any] = {}
@@ -243,13 +281,6 @@ class TwoPlayerGame(gym.Env[np.ndarray, int]):
             info = {"outcome": reward, "opponent": self.opponent.id, "seat": self.seat}
         truncated = over and not any(self.game.terminations.values())
         return self._view(self.me), reward, over and not truncated, truncated, info
-
-    def _opponent_moves(self) -> None:
-        other = self.game.agent_selection
-        view = self._view(other)
-        action = self.opponent.act(view)
-        self._check(view, action, f"opponent {self.opponent.id!r}")
-        self.game.step(action)
 
     def _check(self, view: np.ndarray, action: int, who: str) -> None:
         legal = np.flatnonzero(view[-self.n :] > 0.5)

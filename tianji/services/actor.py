@@ -22,9 +22,10 @@ from tianji.rl.events import (
     ParamsPublished,
     TrajectoryCollected,
 )
+from tianji.rl.league import LIVE
 from tianji.rl.masks import legal_actions, mask_size
 from tianji.rl.run_balance import balance_config
-from tianji.rl.selfplay import fixed_opponent
+from tianji.rl.selfplay import PolicyOpponent, fixed_opponent
 from tianji.rl.slots import StateSlots
 from tianji.rl.stats import ActorStat, Dropped
 from tianji.rl.topics import (
@@ -126,10 +127,17 @@ class ActorService(Service):
                 fixed_opponent(name, seed=self.seed + 17 * (i + 1))
                 for i, name in enumerate(league.train_opponents)
             ],
+            live=self._live_opponent() if league.live_prob > 0 else None,
         )
         self.subscribe(SNAPSHOTS, pool.on_snapshot)
         self.subscribe(OPPONENTS, pool.on_opponents)
         return pool
+
+    def _live_opponent(self) -> PolicyOpponent:
+        """The actor's own policy, with the weights it collects with, as an opponent
+        (``[selfplay] live_prob``: mirror games)."""
+        explore, algo = self.config.selfplay.opponent_explore, self.algo
+        return PolicyOpponent(LIVE, lambda obs: algo.act(obs, explore=explore)["action"])
 
     async def on_params(self, ev: ParamsPublished) -> None:
         if ev.policy_version > max(self.policy_version, self._pending_version()):

@@ -8,8 +8,9 @@ controller``'s process, where the run directory is), holding one
 * each :class:`~tianji.rl.events.SnapshotTaken` (from the parameter service) enters the
   pool, rated as the learner is then (the weights are the actors' business);
 * each :class:`~tianji.rl.events.GamesPlayed` (from an actor) moves the ratings, game by
-  game; games against the uniform random player (before the first snapshot, or mixed into
-  training by ``[selfplay] train_opponents``) rate the learner against the ``random``
+  game (mirror games against the learner's live weights are counted, not rated); games
+  against the uniform random player (before the first snapshot, or mixed into training
+  by ``[selfplay] train_opponents``) rate the learner against the ``random``
   anchor, fixed at the initial rating; games against other fixed opponents mixed into
   training rate them like snapshots;
 * at most every :data:`PUBLISH_S` seconds when the ratings moved, and at once when the
@@ -33,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from tianji.rl.events import DrawOpponents, GamesPlayed, SnapshotTaken
-from tianji.rl.league import LEARNER, League, SelfPlayConfig
+from tianji.rl.league import LEARNER, LIVE, League, SelfPlayConfig
 from tianji.rl.selfplay import fixed_opponent
 from tianji.rl.stats import LeagueStat
 from tianji.rl.topics import GAMES, OPPONENTS, SNAPSHOTS
@@ -99,6 +100,9 @@ class LeagueService(Service):
     async def on_games(self, ev: GamesPlayed) -> None:
         outcomes = np.asarray(ev.outcomes, np.float64)
         for opponent, outcome in zip(ev.opponents, outcomes, strict=True):
+            if opponent == LIVE:  # the learner against itself: nothing to rate
+                self.counters[LeagueStat.GAMES_LIVE] += 1
+                continue
             score = (float(np.sign(outcome)) + 1.0) / 2.0  # +1 / 0 / -1 -> 1 / 0.5 / 0
             try:
                 self.league.record(opponent, score)
@@ -151,6 +155,7 @@ class LeagueService(Service):
             "newest_rating": ratings[newest] if newest else None,
             "games": int(self.counters[LeagueStat.GAMES_RATED]),
             "games_unrated": int(self.counters[LeagueStat.GAMES_UNRATED]),
+            "games_live": int(self.counters[LeagueStat.GAMES_LIVE]),
             "snapshots": len(self.snapshots),
             "random_rating": ratings[RANDOM],
             "train_opponents": {

@@ -6,8 +6,9 @@ keeps the newest ``[selfplay] pool_size`` as policies of their own (the algorith
 once more per snapshot, its weights loaded once). The league service sends the opponent
 probabilities (:class:`DrawOpponents`); at every game's start an env asks
 :meth:`OpponentPool.draw` for its opponent: a held snapshot drawn by those probabilities
-or one of the fixed opponents mixed into training (``[selfplay] train_opponents``; the
-probabilities renormalized over what it holds), the newest held snapshot while the league
+or one of the fixed opponents mixed into training (``[selfplay] train_opponents``) or the
+actor's own current policy (``live_prob``; the probabilities renormalized over what it
+holds), the newest held snapshot while the league
 has sent none, and the uniform random player before the first snapshot. The game's result names
 the opponent it was actually played against, so the ratings stay right when an actor
 (e.g. restarted) lacks a snapshot the league would have drawn.
@@ -21,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from tianji.rl.events import DrawOpponents, SnapshotTaken
+from tianji.rl.league import LIVE
 from tianji.rl.selfplay import Opponent, PolicyOpponent, RandomOpponent, TwoPlayerGame
 
 __all__ = ["OpponentPool", "snapshot_id"]
@@ -40,6 +42,8 @@ class OpponentPool:
         pool_size: snapshots held at most (the oldest leaves first).
         explore: snapshots sample their moves (else their greedy ones).
         seed: seeds the draws and the random player.
+        fixed: the fixed opponents mixed into training.
+        live: the actor's own policy as an opponent (id "live"; ``live_prob``), if drawn.
     """
 
     def __init__(
@@ -50,16 +54,20 @@ class OpponentPool:
         explore: bool,
         seed: int,
         fixed: Sequence[Opponent] = (),
+        live: Opponent | None = None,
     ) -> None:
         self.make_policy = make_policy
         self.fixed = {o.id: o for o in fixed}
         """Fixed opponents mixed into training (``[selfplay] train_opponents``), by id."""
+        if live is not None:
+            self.fixed[LIVE] = live  # drawn like a fixed opponent, its id "live"
         self.pool_size = pool_size
         self.explore = explore
         self.rng = np.random.default_rng([seed, 11])
         self.random = RandomOpponent(seed=seed + 13)
-        self.held: dict[str, Any] = {}
-        """Snapshot id -> its policy, oldest first."""
+        self.held: dict[str, PolicyOpponent] = {}
+        """Snapshot id -> its policy as an opponent (one object per snapshot, so a vector
+        env batches the moves of the games it plays), oldest first."""
         self.probabilities: dict[str, float] = {}
 
     async def on_snapshot(self, ev: SnapshotTaken) -> None:
@@ -68,7 +76,8 @@ class OpponentPool:
             return
         policy = self.make_policy()
         policy.set_weights(ev.weights, ev.policy_version)
-        self.held[sid] = policy
+        explore = self.explore
+        self.held[sid] = PolicyOpponent(sid, lambda obs: policy.act(obs, explore=explore)["action"])
         while len(self.held) > self.pool_size:
             del self.held[next(iter(self.held))]
 
@@ -90,8 +99,7 @@ class OpponentPool:
     def _opponent(self, sid: str) -> Opponent:
         if sid in self.fixed:
             return self.fixed[sid]
-        policy, explore = self.held[sid], self.explore
-        return PolicyOpponent(sid, lambda obs: policy.act(obs, explore=explore)["action"])
+        return self.held[sid]
 
     def attach(self, envs: Sequence[Any]) -> int:
         """Make every two-player game among ``envs`` (gymnasium envs, wrapped or not) draw

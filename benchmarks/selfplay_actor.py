@@ -1,0 +1,125 @@
+"""An actor's self-play steps per second, opponents moved one at a time or batched.
+
+    python benchmarks/selfplay_actor.py --out docs/results/selfplay-actor-batching.json
+
+Builds what one actor of ``examples/connect_four_selfplay.toml`` steps: a group of
+``--envs`` connect-four games, the learner's moves from PPO's board net (one batched call
+per step, as an actor with local inference makes), opponents drawn for every game as the
+league draws them (``--latest`` of the games against the newest of ``--snapshots`` snapshot
+policies, the rest uniform over the pool; optionally ``--live`` of them against the
+learner's own policy). Steps the same games for ``--seconds`` each way, alternating three
+rounds so a slow moment hits both: gymnasium's ``SyncVectorEnv`` (every opponent move its
+own policy call, as before ``tianji.rl.selfplay_vector``) and
+:class:`~tianji.rl.selfplay_vector.TwoPlayerVectorEnv` (moves batched by opponent). Prints
+and writes learner moves per second, policy calls per move and the ratio. One thread,
+like an actor (``[actors] torch_threads = 1``). Run it alone on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "connect_four_selfplay.toml"
+GAME = "pettingzoo.classic.connect_four_v3"
+
+
+def build(way: str, envs: int, snapshots: int, latest: float, live: float, seed: int) -> Any:
+    from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
+    from tianji.rl.selfplay import PolicyOpponent, two_player_factory
+    from tianji.rl.selfplay_vector import TwoPlayerVectorEnv
+    from tianji.services.common import make_algorithm, parse_run_config
+
+    run = parse_run_config(tomllib.loads(EXAMPLE.read_text()))
+    learner = make_algorithm(run, seed=seed, device="cpu")
+    pool = []
+    for k in range(snapshots):
+        policy = make_algorithm(run, seed=seed + k + 1, device="cpu")
+        pool.append(PolicyOpponent(f"v{k}", lambda o, p=policy: p.act(o, explore=True)["action"]))
+    mirror = PolicyOpponent("live", lambda o: learner.act(o, explore=True)["action"])
+    rng = np.random.default_rng(seed)
+
+    def draw() -> Any:
+        u = rng.random()
+        if u < live:
+            return mirror
+        if u < live + (1 - live) * latest:
+            return pool[-1]
+        return pool[int(rng.integers(len(pool)))]
+
+    make = two_player_factory(GAME, {}, "alternate")
+    if way == "batched":
+        env = TwoPlayerVectorEnv([make] * envs)
+    else:
+        env = SyncVectorEnv([make] * envs, autoreset_mode=AutoresetMode.SAME_STEP)
+    for game in env.envs:
+        game.opponent_source = draw
+    counted = [0]
+    for opponent in [*pool, mirror]:
+        inner = opponent._act
+
+        def counting(obs: np.ndarray, inner: Any = inner) -> np.ndarray:
+            counted[0] += 1
+            return inner(obs)  # type: ignore[no-any-return]
+
+        opponent._act = counting
+    return env, learner, counted
+
+
+def measure(way: str, seconds: float, args: argparse.Namespace) -> dict[str, float]:
+    env, learner, counted = build(way, args.envs, args.snapshots, args.latest, args.live, 0)
+    obs, _ = env.reset(seed=0)
+    moves, start = 0, time.perf_counter()
+    counted[0] = 0
+    while time.perf_counter() - start < seconds:
+        obs, *_ = env.step(learner.act(obs, explore=True)["action"])
+        moves += args.envs
+    elapsed = time.perf_counter() - start
+    env.close()
+    return {"moves_per_s": moves / elapsed, "opponent_calls_per_move": counted[0] / moves}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python benchmarks/selfplay_actor.py", description=__doc__)
+    p.add_argument("--envs", type=int, default=16, help="games in the group (the example's)")
+    p.add_argument("--snapshots", type=int, default=40, help="the example's pool_size")
+    p.add_argument("--latest", type=float, default=0.5, help="the example's latest_prob")
+    p.add_argument("--live", type=float, default=0.0, help="share of mirror games")
+    p.add_argument("--seconds", type=float, default=20.0, help="per way and round")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    runs: dict[str, list[dict[str, float]]] = {"one_by_one": [], "batched": []}
+    for r in range(args.rounds):
+        for way in runs:
+            runs[way].append(measure(way, args.seconds, args))
+            print(f"round {r + 1} {way}: {runs[way][-1]}", file=sys.stderr)
+    med = {w: {k: float(np.median([x[k] for x in v])) for k in v[0]} for w, v in runs.items()}
+    report = {
+        "settings": {k: v for k, v in vars(args).items() if k != "out"},
+        "rounds": runs,
+        "median": med,
+        "speedup": med["batched"]["moves_per_s"] / med["one_by_one"]["moves_per_s"],
+        "command": "python benchmarks/selfplay_actor.py " + " ".join(argv or sys.argv[1:]),
+        "unix": time.time(),
+    }
+    print(json.dumps({"median": med, "speedup": round(report["speedup"], 2)}, indent=1))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
