@@ -12,12 +12,15 @@ connect four, in each of its four directions, lies in some window.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["BoardCNN", "board_shape"]
+from tianji.rl.errors import ConfigError
+
+__all__ = ["BoardCNN", "BoardMirror", "board_shape", "mirror_for"]
 
 
 def board_shape(observation_space: Any) -> tuple[int, int, int] | None:
@@ -89,3 +92,74 @@ class BoardCNN(nn.Module):
         x = torch.relu(self.conv(board))
         out: torch.Tensor = torch.relu(self.fc(x.flatten(1)))
         return out
+
+
+class BoardMirror:
+    """Left-right mirroring of a board game's samples (``[algo] mirror = true``): the
+    board's columns reversed, the action mask reversed, move ``k`` as move ``n - 1 - k``.
+
+    Right for games whose moves are the board's columns and whose rules do not change in a
+    mirror (connect four): a position and its mirror image have the same value, and the
+    mirrored move is as good there as the move was here, so every sample the actors
+    collected teaches the policy twice. AlphaZero trained on its games' symmetries alike.
+
+    Args:
+        observation_space: a board (:func:`board_shape`), masked or not.
+        actions: the number of moves; must equal the board's width.
+
+    Raises:
+        ValueError: naming the space or the move count if they are not such a game's.
+    """
+
+    def __init__(self, observation_space: Any, actions: int) -> None:
+        shape = board_shape(observation_space)
+        if shape is None:
+            raise ValueError(f"{observation_space!r} is not a board: [H, W, C] piece planes")
+        if actions != shape[1]:
+            raise ValueError(f"{actions} moves, not one per column of a {shape[1]}-wide board")
+        self.shape, self.actions = shape, actions
+        self.size = shape[0] * shape[1] * shape[2]
+
+    def observations(self, obs: torch.Tensor) -> torch.Tensor:
+        """Flat ``[B, H*W*C (+ n)]`` observations mirrored (the mask too, if any)."""
+        h, w, c = self.shape
+        board = obs[:, : self.size].reshape(-1, h, w, c).flip(2).reshape(len(obs), -1)
+        if obs.shape[1] == self.size:
+            return board
+        return torch.cat([board, obs[:, self.size :].flip(1)], 1)
+
+    def moves(self, action: torch.Tensor) -> torch.Tensor:
+        """Moves (counted from 0) mirrored."""
+        return self.actions - 1 - action
+
+    def augment(
+        self,
+        flat: dict[str, torch.Tensor],
+        log_probs: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    ) -> dict[str, torch.Tensor]:
+        """A flat PPO batch (``obs``, ``action``, ``old_logp``, advantages, targets, ...)
+        followed by its mirror image: the same advantages and targets, and as the mirrored
+        moves' reference log-probabilities the learner's own before the update
+        (``log_probs(obs, action)``; the acting policy's were never computed there)."""
+        obs, action = self.observations(flat["obs"]), self.moves(flat["action"])
+        with torch.no_grad():
+            reference = log_probs(obs, action).reshape(-1).to(flat["old_logp"].dtype)
+        twin = {**flat, "obs": obs, "action": action, "old_logp": reference}
+        return {k: torch.cat([v, twin[k]]) for k, v in flat.items()}
+
+
+def mirror_for(observation_space: Any, actions: int, unsupported: bool) -> BoardMirror:
+    """The :class:`BoardMirror` of ``[algo] mirror = true``.
+
+    Raises:
+        ConfigError: naming ``algorithm.mirror`` if the policy is ``unsupported`` (not a
+            feed-forward one over discrete moves) or the game is no board with a move per
+            column.
+    """
+    if unsupported:
+        why = "false: mirroring needs a feed-forward policy over discrete moves"
+        raise ConfigError("algorithm.mirror", True, why)
+    try:
+        return BoardMirror(observation_space, actions)
+    except ValueError as exc:
+        raise ConfigError("algorithm.mirror", True, f"false for this game ({exc})") from None

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from tianji.algorithms._actor_critic import ActorCritic, actor_critic
 from tianji.algorithms._base import Spaces
+from tianji.algorithms._board import mirror_for
 from tianji.algorithms._distributions import head_stats, sample_categorical, sample_gaussian
 from tianji.algorithms._export import GreedyPolicy
 from tianji.algorithms._gae import gae
@@ -102,6 +103,10 @@ class PPOConfig(OnPolicyConfig):
     ``features``; shared by two linear heads, as the CNN is)."""
     init_log_std: float = 0.0
     """Initial log standard deviation of the Gaussian policy (Box actions)."""
+    mirror: bool = False
+    """Learn from every sample twice, as played and mirrored left to right, for board games
+    whose moves are the columns and whose rules a mirror keeps (connect four;
+    ``algorithms/_board.py``'s ``BoardMirror``)."""
     vtrace: bool = False
     """APPO: value targets and advantages by V-trace (``algorithms/_vtrace.py``) instead of
     GAE, correcting for the lag between the policy that acted (its ``logp`` in the
@@ -215,6 +220,8 @@ class PPO(OnPolicyAlgorithm):
         self._steps = 0  # T of the batch being learned from (recurrent minibatches)
         self.returns = ReturnNormalizer() if config.normalize_returns else None
         """The value targets' running statistics (``normalize_returns``), else ``None``."""
+        odd = self.continuous or self.recurrent  # ([algo] mirror needs neither)
+        self.mirror = mirror_for(observation_space, out_dim, odd) if config.mirror else None
 
     # ----------------------------------------------------------------- actor side
 
@@ -350,13 +357,15 @@ class PPO(OnPolicyAlgorithm):
             observe_returns(self.returns, ret, self.gradient_sync)
             ret, values, behaviour = (self.returns.normalize(x) for x in (ret, values, behaviour))
         tensors = {"behaviour_value": behaviour, "old_value": values, "adv": adv, "ret": ret}
-        return {
+        flat_batch = {
             "obs": obs,
             "action": action,
             "old_logp": reference.reshape(-1),
             **{k: self._tensor(v) for k, v in tensors.items()},
             **extra,
         }
+        mirror = self.mirror
+        return flat_batch if mirror is None else mirror.augment(flat_batch, self._log_probs)
 
     def _batch_inputs(self, batch: Mapping[str, np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
         """The batch's observations and actions as flat ``[T*M, ...]`` tensors (Box actions:

@@ -168,7 +168,7 @@ def test_live_games_take_their_share_before_the_snapshots_split_the_rest() -> No
         SelfPlayConfig(pfsp="uniform", latest_prob=0.5, live_prob=0.4),
         fixed={"scripted": 0.1},
     )
-    assert league.weights() == {}  # no mirror games before the first snapshot either
+    assert league.weights() == {}  # no live games before the first snapshot either
     for version in (10, 20):
         league.snapshot(version)
     # the snapshots share 1 - 0.4 - 0.1 = 0.5: v10 0.5 * 0.25, v20 0.5 * (0.5 + 0.25)

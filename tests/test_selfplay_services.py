@@ -164,7 +164,7 @@ def test_the_opponent_pool_draws_the_actors_live_policy_by_its_share() -> None:
     assert live.act(np.zeros(91, np.float32)) == 5
 
 
-def test_mirror_games_are_counted_not_rated(tmp_path: Path) -> None:
+def test_live_games_are_counted_not_rated(tmp_path: Path) -> None:
     league = LeagueService("league", settings=SelfPlayConfig(live_prob=0.5), bind="inproc://")
     capture(league)
     asyncio.run(league.on_snapshot(snapshot(0)))

@@ -3,7 +3,7 @@ games played, and the choice of the next opponent.
 
 The learning policy (the *learner*, always the newest weights) plays two-player zero-sum
 games against opponents drawn from the league: with probability ``live_prob`` its own
-current weights (a mirror game, :data:`LIVE`, not rated: both seats are the same player),
+current weights (a live game, :data:`LIVE`, not rated: both seats are the same player),
 and otherwise, with probability ``latest_prob``, the newest
 snapshot of itself, else one of the pool's snapshots, weighted by prioritized fictitious
 self-play (PFSP, Vinyals et al. 2019): ``"hard"`` favours the snapshots the learner is
@@ -102,9 +102,9 @@ class SelfPlayConfig:
     opponent, not generalization: reports should say which it is."""
     live_prob: float = 0.0
     """The chance that a game is played against the learner's current weights (the actor's
-    own policy in both seats: a mirror game, :data:`LIVE`), once the league has a snapshot.
+    own policy in both seats: a live game, :data:`LIVE`), once the league has a snapshot.
     An opponent that moves with the learner cannot be beaten by a line learned against a
-    frozen copy of it; mirror games are not rated (the learner against itself), so the
+    frozen copy of it; live games are not rated (the learner against itself), so the
     snapshots keep a share for the ratings: ``live_prob`` and ``train_opponents`` sum to
     less than 1. Needs local inference (``[actors] inference = "local"``: the actor holds
     the weights)."""

@@ -240,7 +240,7 @@ class LeagueStat:
     GAMES_UNRATED: Final = "games_unrated"
     """Games against a snapshot the league never saw (e.g. it restarted): not rated."""
     GAMES_LIVE: Final = "games_live"
-    """Mirror games, against the learner's own current weights (``live_prob``): not rated."""
+    """Live games, against the learner's own current weights (``live_prob``): not rated."""
     # gauges
     LEARNER_RATING: Final = "learner_rating"
     NEWEST_RATING: Final = "newest_rating"

@@ -135,7 +135,7 @@ class ActorService(Service):
 
     def _live_opponent(self) -> PolicyOpponent:
         """The actor's own policy, with the weights it collects with, as an opponent
-        (``[selfplay] live_prob``: mirror games)."""
+        (``[selfplay] live_prob``: live games)."""
         explore, algo = self.config.selfplay.opponent_explore, self.algo
         return PolicyOpponent(LIVE, lambda obs: algo.act(obs, explore=explore)["action"])
 
