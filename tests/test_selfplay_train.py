@@ -1,5 +1,6 @@
 """A self-play run end to end: `tianji train examples/connect_four_selfplay.toml`, shortened,
-takes snapshots, rates the games in league.jsonl, evaluates against the fixed opponents
+takes snapshots, rates the games in league.jsonl (and counts the live ones, against the
+learner's own weights, unrated), evaluates against the fixed opponents
 and reports it all in the summary's `selfplay` section, with no illegal move (an illegal
 move stops the actor, and the run with it) and the books closed."""
 
@@ -42,7 +43,9 @@ def test_a_short_self_play_run_rates_its_snapshots_and_evaluates(tmp_path: Path)
         for name, svc in s["services"].items()
         if name.startswith("actor-")
     )
-    assert games >= play["games"]  # every rated game was reported by an actor
+    assert play["games_live"] > 0  # the example plays half its games live
+    # every rated game and every live game was reported by an actor
+    assert games >= play["games"] + play["games_live"]
     assert s["accounting"]["balanced"], s["accounting"]
     lines = [json.loads(x) for x in (Path(s["run_dir"]) / "league.jsonl").read_text().splitlines()]
     snapshots = [x for x in lines if x["event"] == "snapshot"]

@@ -2,14 +2,15 @@
 
 Stepping :class:`~tianji.rl.selfplay.TwoPlayerGame` one at a time (gymnasium's
 ``SyncVectorEnv``) makes every opponent move its own call of the opponent's policy: for a
-snapshot of a small convolutional net that call costs about as much as a forward pass over
-the whole actor's envs (measured: one view 0.20 ms, sixteen 0.40 ms on this machine's
-CPU), so the opponents took about two thirds of an actor's time. :class:`TwoPlayerVectorEnv`
-steps the same games in phases: every learner's move first, then the opponents' moves
-grouped by opponent — one call of ``act_batch`` per opponent that has one (a snapshot:
-:class:`~tianji.rl.selfplay.PolicyOpponent`), ``act`` per game otherwise — then each
-game's outcome; games that ended start again at once (same-step autoreset, as
-``make_vector_env``'s envs do), and the opponents who open the new games move together too.
+snapshot of a small convolutional net one view costs a good part of what the actor's
+sixteen together cost (the fixed cost of a call dominates), so the opponents took most of
+an actor's time (``benchmarks/selfplay_actor.py`` measures both ways).
+:class:`TwoPlayerVectorEnv` steps the same games in phases: every learner's move first,
+then the opponents' moves grouped by opponent — one call of ``act_batch`` per opponent
+that has one (a snapshot: :class:`~tianji.rl.selfplay.PolicyOpponent`), ``act`` per game
+otherwise — then each game's outcome; games that ended start again at once (same-step
+autoreset, as ``make_vector_env``'s envs do), and the opponents who open the new games
+move together too.
 
 Observations, rewards, ``final_obs`` / ``final_info`` and the reset infos are those of
 ``SyncVectorEnv(..., autoreset_mode=SAME_STEP)`` over the same games; only the order in
