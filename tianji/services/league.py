@@ -8,7 +8,7 @@ controller``'s process, where the run directory is), holding one
 * each :class:`~tianji.rl.events.SnapshotTaken` (from the parameter service) enters the
   pool, rated as the learner is then (the weights are the actors' business);
 * each :class:`~tianji.rl.events.GamesPlayed` (from an actor) moves the ratings, game by
-  game (live games against the learner's live weights are counted, not rated); games
+  game (games against the learner's own live weights are counted, not rated); games
   against the uniform random player (before the first snapshot, or mixed into training
   by ``[selfplay] train_opponents``) rate the learner against the ``random``
   anchor, fixed at the initial rating; games against other fixed opponents mixed into
