@@ -106,7 +106,8 @@ class PPOConfig(OnPolicyConfig):
     mirror: bool = False
     """Learn from every sample twice, as played and mirrored left to right, for board games
     whose moves are the columns and whose rules a mirror keeps (connect four;
-    ``algorithms/_board.py``'s ``BoardMirror``)."""
+    ``algorithms/_board.py``'s ``BoardMirror``); twice the learner's work per batch.
+    Feed-forward discrete policies over such a board only, or refused."""
     vtrace: bool = False
     """APPO: value targets and advantages by V-trace (``algorithms/_vtrace.py``) instead of
     GAE, correcting for the lag between the policy that acted (its ``logp`` in the
