@@ -46,13 +46,13 @@ def build(way: str, envs: int, snapshots: int, latest: float, live: float, seed:
     for k in range(snapshots):
         policy = make_algorithm(run, seed=seed + k + 1, device="cpu")
         pool.append(PolicyOpponent(f"v{k}", lambda o, p=policy: p.act(o, explore=True)["action"]))
-    mirror = PolicyOpponent("live", lambda o: learner.act(o, explore=True)["action"])
+    live_opponent = PolicyOpponent("live", lambda o: learner.act(o, explore=True)["action"])
     rng = np.random.default_rng(seed)
 
     def draw() -> Any:
         u = rng.random()
         if u < live:
-            return mirror
+            return live_opponent
         if u < live + (1 - live) * latest:
             return pool[-1]
         return pool[int(rng.integers(len(pool)))]
@@ -65,7 +65,7 @@ def build(way: str, envs: int, snapshots: int, latest: float, live: float, seed:
     for game in env.envs:
         game.opponent_source = draw
     counted = [0]
-    for opponent in [*pool, mirror]:
+    for opponent in [*pool, live_opponent]:
         inner = opponent._act
 
         def counting(obs: np.ndarray, inner: Any = inner) -> np.ndarray:
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--envs", type=int, default=16, help="games in the group (the example's)")
     p.add_argument("--snapshots", type=int, default=40, help="the example's pool_size")
     p.add_argument("--latest", type=float, default=0.5, help="the example's latest_prob")
-    p.add_argument("--live", type=float, default=0.0, help="share of mirror games")
+    p.add_argument("--live", type=float, default=0.0, help="share of live games")
     p.add_argument("--seconds", type=float, default=20.0, help="per way and round")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--out", type=Path, default=None)

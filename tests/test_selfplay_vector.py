@@ -97,7 +97,7 @@ def test_each_opponent_gets_its_own_batch_and_fixed_players_move_one_by_one() ->
 
 
 def obs_of(env: TwoPlayerVectorEnv) -> list[np.ndarray]:
-    return [g.outcome()[0] for g in env.games]
+    return [g.view() for g in env.games]
 
 
 def test_an_illegal_move_by_a_batched_opponent_is_refused() -> None:

@@ -223,19 +223,17 @@ class TwoPlayerGame(gym.Env[np.ndarray, int]):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[np.ndarray, dict[str, Any]]:
         info = self.start(seed=seed)
-        if self.awaits_opponent():
-            self.opponent_plays(self.opponent.act(self.opponent_view()))
-        return self._view(self.me), info
+        self._opponent_moves()
+        return self.view(), info
 
     def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         self.play(action)
-        if self.awaits_opponent():
-            self.opponent_plays(self.opponent.act(self.opponent_view()))
+        self._opponent_moves()
         return self.outcome()
 
     # The phases of reset and step, for a vector env that batches the opponents' moves
     # (tianji.rl.selfplay_vector): start / play, then the opponent's move while
-    # awaits_opponent(), then outcome (or the learner's view after start).
+    # awaits_opponent(), then outcome (or view, the learner's, after start).
 
     def start(self, *, seed: int | None = None) -> dict[str, Any]:
         """Begin a game: the next opponent drawn, the learner seated; the reset's info.
@@ -253,22 +251,33 @@ class TwoPlayerGame(gym.Env[np.ndarray, int]):
     def play(self, action: int) -> None:
         """The learner's move (refused if illegal: :class:`IllegalMove`)."""
         action = int(action)
-        self._check(self._view(self.me), action, "the learner")
+        self._check(self.view(), action, "the learner")
         self.game.step(action)
 
     def awaits_opponent(self) -> bool:
         """The game goes on and the other seat is to move."""
         return not self._over() and self.game.agent_selection != self.me
 
+    def view(self) -> np.ndarray:
+        """The learner's masked observation ``[D + n]``."""
+        return self._view(self.me)
+
     def opponent_view(self) -> np.ndarray:
         """The masked observation ``[D + n]`` of the seat to move (the opponent's)."""
         return self._view(self.game.agent_selection)
 
-    def opponent_plays(self, action: int) -> None:
-        """The opponent's move (refused if illegal: :class:`IllegalMove`)."""
+    def opponent_plays(self, action: int, view: np.ndarray) -> None:
+        """The opponent's move, chosen from ``view`` (:meth:`opponent_view`, whose mask
+        checks it: an illegal one is refused, :class:`IllegalMove`)."""
         action = int(action)
-        self._check(self.opponent_view(), action, f"opponent {self.opponent.id!r}")
+        self._check(view, action, f"opponent {self.opponent.id!r}")
         self.game.step(action)
+
+    def _opponent_moves(self) -> None:
+        """The opponent's move now, if it is to move (one game stepped on its own)."""
+        if self.awaits_opponent():
+            view = self.opponent_view()
+            self.opponent_plays(self.opponent.act(view), view)
 
     def outcome(self) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         """The step's result from the learner's seat: its view, the reward (the outcome
@@ -280,7 +289,7 @@ class TwoPlayerGame(gym.Env[np.ndarray, int]):
         if over:
             info = {"outcome": reward, "opponent": self.opponent.id, "seat": self.seat}
         truncated = over and not any(self.game.terminations.values())
-        return self._view(self.me), reward, over and not truncated, truncated, info
+        return self.view(), reward, over and not truncated, truncated, info
 
     def _check(self, view: np.ndarray, action: int, who: str) -> None:
         legal = np.flatnonzero(view[-self.n :] > 0.5)

@@ -40,15 +40,16 @@ def opponents_move(games: Iterable[TwoPlayerGame]) -> int:
     calls = 0
     for group in by_opponent.values():
         opponent = group[0].opponent
+        views = [g.opponent_view() for g in group]
         batch = getattr(opponent, "act_batch", None)
         if batch is not None:
-            moves = batch(np.stack([g.opponent_view() for g in group]))
+            moves = batch(np.stack(views))
             calls += 1
         else:
-            moves = [opponent.act(g.opponent_view()) for g in group]
+            moves = [opponent.act(v) for v in views]
             calls += len(group)
-        for game, move in zip(group, moves, strict=True):
-            game.opponent_plays(int(move))
+        for game, move, view in zip(group, moves, views, strict=True):
+            game.opponent_plays(int(move), view)
     return calls
 
 
@@ -90,7 +91,7 @@ class TwoPlayerVectorEnv(SyncVectorEnv):
         openers = [self.games[i] for i in restarted if self.games[i].awaits_opponent()]
         self.opponent_calls += opponents_move(openers)
         for i, info in restarted.items():
-            env_obs[i] = self.games[i].outcome()[0]  # the new game's first view
+            env_obs[i] = self.games[i].view()  # the new game's first view
             infos = self._add_info(infos, info, i)
         self._observations = concatenate(
             self.single_observation_space, self._env_obs, self._observations
