@@ -369,6 +369,7 @@ class Launcher:
             try:
                 restart = self._restart(name, why)
             except _RestartRefused as exc:
+                self.controller.bury(name)  # the final books settle what was on its way to it
                 return f"failed {name} {why}{exc.why}"
             restarting[restart] = name
             pending.add(restart)

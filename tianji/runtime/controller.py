@@ -58,15 +58,12 @@ __all__ += ["ControllerPlugin", "Registry", "Send", "ServiceRecord"]
 log = logging.getLogger("tianji.controller")
 
 ANNOUNCE_DELAY = 0.02
-"""Seconds a change of a topic's publishers waits before its watchers are told (changes
-within it are told together)."""
+"""Seconds a change of a topic's publishers waits (those within it told together)."""
 
-UPDATE_S_PER_SERVICE = 20e-6
-MAX_UPDATE_INTERVAL = 0.05
-"""Plug-in updates are at least ``min(MAX_UPDATE_INTERVAL, services x
-UPDATE_S_PER_SERVICE)`` seconds apart (heartbeats in between are decided together), so
-deciding costs a bounded share of a core, not one decision per heartbeat (0.2 ms apart
-with 10 services: no delay; 20 ms with 1,000; 50 ms from 2,500 on)."""
+UPDATE_S_PER_SERVICE, MAX_UPDATE_INTERVAL = 20e-6, 0.05
+"""Plug-in updates are at least ``min(MAX_UPDATE_INTERVAL, services x UPDATE_S_PER_SERVICE)``
+seconds apart (heartbeats in between are decided together): a bounded share of a core, not
+one decision per heartbeat (0.2 ms apart with 10 services; 20 ms with 1,000)."""
 
 RELAY_ROLE = "relay"
 """Services of this role republish a topic for the subscribers of their locality (a
@@ -459,22 +456,25 @@ class Controller(Service):
                 await self._tell(watcher, PublishersChanged(topic=name, addresses=lists[where]))
 
     def retire(self, name: str) -> None:
-        """``name`` died and will be restarted: keep its last counts under ``name#<k>``
-        (k-th death) so the run's totals stay cumulative (the plug-ins may count what it
-        held as lost, :meth:`ControllerPlugin.retired`), and let the next incarnation
-        report from zero under ``name``."""
+        """``name`` died and will be restarted: its last counts stay under ``name#<k>`` (k-th
+        death, :meth:`bury`) so the run's totals stay cumulative, and the next incarnation
+        reports from zero under ``name``."""
         self.restarts[name] += 1
         self._incarnations[name] = None  # its heartbeats end here; the next one registers
         for plugin in self.plugins:
             plugin.forget(name)
+        self.bury(name, f"{name}#{self.restarts[name]}")
+
+    def bury(self, name: str, under: str | None = None) -> None:
+        """``name`` died: its last heartbeat stays under ``under`` (default ``name``: for good,
+        the run stops) marked dead, what it held counted lost by the plug-ins."""
         hb = self.heartbeats.pop(name, None)
         if hb is None:
             return
-        retired = f"{name}#{self.restarts[name]}"
-        hb = msgspec.structs.replace(hb, name=retired, state="dead")
+        hb = msgspec.structs.replace(hb, name=under or name, state="dead")
         for plugin in self.plugins:
             hb = plugin.retired(hb)
-        self.heartbeats[retired] = hb
+        self.heartbeats[under or name] = hb
         self._notify()
 
     async def command(self, name: str, ev: Event) -> bool:

@@ -48,13 +48,14 @@ async def publish_numbered(
     """Publish ``make(stream=..., seq=..., offset=...)`` on ``topic``: ``sending`` (gauge
     ``sending_key``) while the links take it, then ``samples`` counted under ``sent_key``
     when a link took it (and the stream's ``sent/`` gauge moves on), else under
-    ``unsent_key``. True if delivered."""
+    ``unsent_key``; still ``sending`` if the service stops meanwhile. True if delivered."""
     ev = make(**outbox.stamp(topic))
     service.gauges[sending_key] = float(sending)
-    try:
-        delivered = await service.publish(ev, topic)
-    finally:
-        service.gauges[sending_key] = 0.0
+    # Stopped mid-send (cancelled), the samples stay ``sending`` in the last report: the
+    # message may or may not have left, and only its receiver can tell (what it got beyond
+    # our report it counts as sent unreported), so the books close either way.
+    delivered = await service.publish(ev, topic)
+    service.gauges[sending_key] = 0.0
     if delivered:
         outbox.delivered(topic, samples)
         service.counters[sent_key] += samples
