@@ -380,9 +380,10 @@ def test_a_killed_learner_without_resume_stops_the_run_with_a_clear_message(
     books = summary["accounting"]
     assert books["balanced"], json.dumps(books)
     # what was on its way to the dead learner is lost with it, by name, not left in flight
-    assert books["in_flight"] == 0, json.dumps(books)
-    lost_by = books["hops"]["buffer->learner"].get("lost_in_restart_by", {})
-    assert set(lost_by) <= {"learner-0"}, lost_by
+    # (a failed run does not drain: between live services some may still be in flight)
+    to_learner = books["hops"]["buffer->learner"]
+    assert to_learner["in_flight"] == 0, json.dumps(books)
+    assert set(to_learner.get("lost_in_restart_by", {})) <= {"learner-0"}, to_learner
 
 
 @pytest.mark.slow
