@@ -132,6 +132,26 @@ def test_a_retired_incarnation_keeps_its_counts_and_what_it_held_is_lost_in_rest
     assert "buffer-0#1" in controller.heartbeats
 
 
+def test_a_buried_service_settles_what_was_on_its_way_to_it_in_the_final_books() -> None:
+    """A run stops because a service died for good: what was sent to it after its last
+    report is in flight while the run goes on, and lost with it (by name) once buried."""
+    controller = Controller(plugins=[Balancer(BalanceConfig())])
+    controller.heartbeats = {
+        "actor-0": _actor(1000),  # the last 200 sent after the buffer's last report
+        "buffer-0": _buffer(800, held=500),
+    }
+    live = accounting(controller.heartbeats, on_policy=False, final=True)
+    assert live["balanced"] and live["in_flight"] == 200, live
+    controller.bury("buffer-0")
+    assert controller.heartbeats["buffer-0"].state == "dead" and not controller.restarts
+    final = accounting(controller.heartbeats, on_policy=False, final=True)
+    assert final["balanced"] and final["in_flight"] == 0 and final["buffered"] == 0, final
+    # what it held (reported) and what was on its way to it (derived), named
+    assert final["lost_in_restart"] == {"reported": 500, "derived": 200}
+    assert final["hops"]["actor->buffer"]["lost_in_restart_by"] == {"buffer-0": 200}
+    controller.bury("nobody")  # no heartbeat: nothing to settle
+
+
 class _Conn:
     """A controller connection that takes whatever is sent to it."""
 

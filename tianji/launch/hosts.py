@@ -142,6 +142,7 @@ class HostLauncher(LocalLauncher):
                 log.warning("%s left the run; waiting %g s for it", name, self.rejoin_timeout)
                 gone_since[name] = now
             elif now - gone_since[name] > self.rejoin_timeout:
+                self.controller.bury(name)  # the final books settle what was on its way to it
                 return f"failed {name} left the run and did not rejoin in {self.rejoin_timeout:g} s"
         return None
 
