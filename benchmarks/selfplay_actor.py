@@ -13,6 +13,10 @@ own policy call, as before ``tianji.rl.selfplay_vector``) and
 :class:`~tianji.rl.selfplay_vector.TwoPlayerVectorEnv` (moves batched by opponent). Prints
 and writes learner moves per second, policy calls per move and the ratio. One thread,
 like an actor (``[actors] torch_threads = 1``). Run it alone on the machine.
+
+``--profile SECONDS`` instead profiles the batched way under cProfile and reports the share
+of its time in the opponents' policy calls, the learner's, PettingZoo's game steps and its
+observations.
 """
 
 from __future__ import annotations
@@ -89,6 +93,51 @@ def measure(way: str, seconds: float, args: argparse.Namespace) -> dict[str, flo
     return {"moves_per_s": moves / elapsed, "opponent_calls_per_move": counted[0] / moves}
 
 
+PARTS = {
+    "opponent policy calls": "selfplay.py:98(act_batch)",
+    "game steps (PettingZoo)": "order_enforcing.py:65(step)",
+    "observations (PettingZoo)": "order_enforcing.py:76(observe)",
+    "learner policy calls": None,  # every policy call minus the opponents'
+}
+
+
+def profile(seconds: float, args: argparse.Namespace) -> dict[str, Any]:
+    """Where the batched way's time goes, under cProfile (which slows Python code more than
+    torch's): the cumulative seconds of each part of :data:`PARTS` over ``seconds``."""
+    import cProfile
+    import pstats
+
+    env, learner, _ = build("batched", args.envs, args.snapshots, args.latest, args.live, 0)
+    obs, _ = env.reset(seed=0)
+    prof, moves, start = cProfile.Profile(), 0, time.perf_counter()
+    prof.enable()
+    while time.perf_counter() - start < seconds:
+        obs, *_ = env.step(learner.act(obs, explore=True)["action"])
+        moves += args.envs
+    prof.disable()
+    elapsed = time.perf_counter() - start
+    env.close()
+    cumulative: dict[str, float] = {}
+    for (path, line, name), row in pstats.Stats(prof).stats.items():  # type: ignore[attr-defined]
+        key = f"{Path(path).name}:{line}({name})"
+        cumulative[key] = cumulative.get(key, 0.0) + row[3]
+    parts = {part: cumulative.get(key, 0.0) for part, key in PARTS.items() if key}
+
+    def total(prefix: str, suffix: str) -> float:
+        return sum(v for k, v in cumulative.items() if k.startswith(prefix) and k.endswith(suffix))
+
+    parts["learner policy calls"] = total("ppo.py", "(act)") - parts["opponent policy calls"]
+    # inside the policy calls (both sides): the networks, and their linear layers
+    parts["networks' forward passes"] = total("_actor_critic.py", "(forward)")
+    parts["of which linear layers"] = total("~:0", "torch._C._nn.linear>)")
+    parts["of which convolutions"] = total("~:0", "torch.conv2d>)")
+    return {
+        "seconds": round(elapsed, 3),
+        "moves_per_s_profiled": moves / elapsed,
+        "share": {k: round(v / elapsed, 3) for k, v in parts.items()},
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python benchmarks/selfplay_actor.py", description=__doc__)
     p.add_argument("--envs", type=int, default=16, help="games in the group (the example's)")
@@ -98,8 +147,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=20.0, help="per way and round")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument(
+        "--profile", type=float, default=0.0, metavar="SECONDS",
+        help="instead: profile the batched way for SECONDS and report each part's share",
+    )  # fmt: skip
     args = p.parse_args(argv)
     torch.set_num_threads(1)
+    if args.profile > 0:
+        report = profile(args.profile, args)
+        report["settings"] = {k: v for k, v in vars(args).items() if k != "out"}
+        report["command"] = "python benchmarks/selfplay_actor.py " + " ".join(argv or sys.argv[1:])
+        print(json.dumps(report, indent=1))
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(report, indent=1) + "\n")
+        return 0
     runs: dict[str, list[dict[str, float]]] = {"one_by_one": [], "batched": []}
     for r in range(args.rounds):
         for way in runs:
