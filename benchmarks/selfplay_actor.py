@@ -7,11 +7,14 @@ Builds what one actor of ``examples/connect_four_selfplay.toml`` steps: a group 
 per step, as an actor with local inference makes), opponents drawn for every game as the
 league draws them (``--latest`` of the games against the newest of ``--snapshots`` snapshot
 policies, the rest uniform over the pool; optionally ``--live`` of them against the
-learner's own policy). Steps the same games for ``--seconds`` each way, alternating three
-rounds so a slow moment hits both: gymnasium's ``SyncVectorEnv`` (every opponent move its
-own policy call, as before ``tianji.rl.selfplay_vector``) and
-:class:`~tianji.rl.selfplay_vector.TwoPlayerVectorEnv` (moves batched by opponent). Prints
-and writes learner moves per second, policy calls per move and the ratio. One thread,
+learner's own policy). Steps the same games for ``--seconds`` each way, alternating
+rounds so a slow moment hits all: gymnasium's ``SyncVectorEnv`` (every opponent move its
+own policy call, as before ``tianji.rl.selfplay_vector``; ``one_by_one``),
+:class:`~tianji.rl.selfplay_vector.TwoPlayerVectorEnv` (moves batched by opponent;
+``batched``), and the same with PettingZoo's checking wrappers left on the games
+(``checked``; :func:`tianji.rl.selfplay.without_checks` takes them off). Prints and writes
+learner moves per second, policy calls per move and the ratios batched / one by one
+(``speedup``) and batched / checked (``checks_off_speedup``). One thread,
 like an actor (``[actors] torch_threads = 1``). Run it alone on the machine.
 
 ``--profile SECONDS`` instead profiles the batched way under cProfile and reports the share
@@ -22,6 +25,7 @@ observations.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 import time
@@ -62,12 +66,14 @@ def build(way: str, envs: int, snapshots: int, latest: float, live: float, seed:
         return pool[int(rng.integers(len(pool)))]
 
     make = two_player_factory(GAME, {}, "alternate")
-    if way == "batched":
+    if way in ("batched", "checked"):
         env = TwoPlayerVectorEnv([make] * envs)
     else:
         env = SyncVectorEnv([make] * envs, autoreset_mode=AutoresetMode.SAME_STEP)
     for game in env.envs:
         game.opponent_source = draw
+        if way == "checked":  # PettingZoo's checking wrappers back on, as it makes the game
+            game.game = importlib.import_module(GAME).env()
     counted = [0]
     for opponent in [*pool, live_opponent]:
         inner = opponent._act
@@ -162,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(report, indent=1) + "\n")
         return 0
-    runs: dict[str, list[dict[str, float]]] = {"one_by_one": [], "batched": []}
+    runs: dict[str, list[dict[str, float]]] = {"one_by_one": [], "checked": [], "batched": []}
     for r in range(args.rounds):
         for way in runs:
             runs[way].append(measure(way, args.seconds, args))
@@ -173,10 +179,12 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": runs,
         "median": med,
         "speedup": med["batched"]["moves_per_s"] / med["one_by_one"]["moves_per_s"],
+        "checks_off_speedup": med["batched"]["moves_per_s"] / med["checked"]["moves_per_s"],
         "command": "python benchmarks/selfplay_actor.py " + " ".join(argv or sys.argv[1:]),
         "unix": time.time(),
     }
-    print(json.dumps({"median": med, "speedup": round(report["speedup"], 2)}, indent=1))
+    ratios = {k: round(report[k], 2) for k in ("speedup", "checks_off_speedup")}
+    print(json.dumps({"median": med, **ratios}, indent=1))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=1) + "\n")

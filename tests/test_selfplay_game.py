@@ -66,6 +66,42 @@ def test_an_illegal_move_is_refused_naming_the_legal_ones() -> None:
         game.step(0)
 
 
+def test_pettingzoos_checking_wrappers_come_off_and_the_game_plays_the_same() -> None:
+    """PettingZoo's OrderEnforcing, AssertOutOfBounds and TerminateIllegal wrappers only
+    check moves, which the game checks itself against the mask: they come off (a self-play
+    actor steps faster), a wrapper of the user's stays, and every step is what it was."""
+    from pettingzoo.classic import connect_four_v3
+    from pettingzoo.utils import BaseWrapper
+
+    bare, checked = connect_four(), connect_four()
+    assert type(bare.game).__name__ == "raw_env"
+    checked.game = connect_four_v3.env()  # the three wrappers on, as PettingZoo makes it
+    assert type(checked.game).__name__ == "OrderEnforcingWrapper"
+    for game in (bare, checked):
+        game.set_opponent(RandomOpponent(seed=3))
+    rng = np.random.default_rng(0)
+    for k in range(4):
+        a, b = bare.reset(seed=k), checked.reset(seed=k)
+        np.testing.assert_array_equal(a[0], b[0])
+        done, obs = False, a[0]
+        while not done:
+            move = int(rng.choice(np.flatnonzero(legal_actions(obs, bare.observation_space))))
+            one, two = bare.step(move), checked.step(move)
+            np.testing.assert_array_equal(one[0], two[0])
+            assert one[1:] == two[1:]
+            obs, done = one[0], one[2] or one[3]
+    bare.reset(seed=0)
+    with pytest.raises(IllegalMove):  # out of range: the mask refuses it, no wrapper needed
+        bare.step(9)
+
+    class Shown(BaseWrapper):  # type: ignore[type-arg]
+        """A wrapper of the user's (it may change what the game shows): kept."""
+
+    kept = TwoPlayerGame(Shown(connect_four_v3.env()))
+    assert isinstance(kept.game, Shown)
+    assert type(kept.game.env).__name__ == "OrderEnforcingWrapper"  # under it: untouched
+
+
 def _view(mine: list[tuple[int, int]], theirs: list[tuple[int, int]]) -> np.ndarray:
     board = np.zeros((6, 7, 2), np.float32)
     for r, c in mine:

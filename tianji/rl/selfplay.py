@@ -190,7 +190,7 @@ class TwoPlayerGame(gym.Env[np.ndarray, int]):
 
     def __init__(self, game: Any, *, name: str = "", seat: str = "alternate") -> None:
         self.metadata = {"render_modes": []}
-        self.game, self.name = game, name or type(game).__name__
+        self.game, self.name = without_checks(game), name or type(game).__name__
         if seat not in SEATS:
             raise ValueError(f"seat {seat!r}: one of {', '.join(SEATS)}")
         self.seat_rule = seat
@@ -306,6 +306,25 @@ class TwoPlayerGame(gym.Env[np.ndarray, int]):
 
     def close(self) -> None:
         self.game.close()
+
+
+CHECK_WRAPPERS: Final = frozenset(
+    {"OrderEnforcingWrapper", "AssertOutOfBoundsWrapper", "TerminateIllegalWrapper"}
+)
+"""PettingZoo's wrappers that only check moves (a step before reset, a move out of range
+or illegal), which :class:`TwoPlayerGame` checks itself against the mask before each move."""
+
+
+def without_checks(game: Any) -> Any:
+    """``game`` with PettingZoo's outer checking wrappers (:data:`CHECK_WRAPPERS`) taken
+    off: each adds a call layer to every step and observation (a seventh of a self-play
+    actor's time, ``benchmarks/selfplay_actor.py --profile``). Other wrappers, which may
+    change what the game does or shows, stay, and so does everything under them."""
+    while type(game).__name__ in CHECK_WRAPPERS and type(game).__module__.startswith(
+        "pettingzoo.utils.wrappers"
+    ):
+        game = game.env
+    return game
 
 
 def two_player_factory(
