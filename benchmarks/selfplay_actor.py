@@ -18,8 +18,8 @@ learner moves per second, policy calls per move and the ratios batched / one by 
 like an actor (``[actors] torch_threads = 1``). Run it alone on the machine.
 
 ``--profile SECONDS`` instead profiles the batched way under cProfile and reports the share
-of its time in the opponents' policy calls, the learner's, PettingZoo's game steps and its
-observations.
+of its time in the opponents' policy calls, the learner's, the games' steps (each move's
+check and the game's own step, through whatever wrappers it has) and their observations.
 """
 
 from __future__ import annotations
@@ -86,61 +86,79 @@ def build(way: str, envs: int, snapshots: int, latest: float, live: float, seed:
     return env, learner, counted
 
 
-def measure(way: str, seconds: float, args: argparse.Namespace) -> dict[str, float]:
+def step_for(
+    way: str, seconds: float, args: argparse.Namespace, profiler: Any = None
+) -> dict[str, float]:
+    """Step ``way``'s games for ``seconds`` (under ``profiler`` if given): learner moves per
+    second, opponent policy calls per move and the seconds stepped."""
     env, learner, counted = build(way, args.envs, args.snapshots, args.latest, args.live, 0)
     obs, _ = env.reset(seed=0)
     moves, start = 0, time.perf_counter()
     counted[0] = 0
+    if profiler is not None:
+        profiler.enable()
     while time.perf_counter() - start < seconds:
         obs, *_ = env.step(learner.act(obs, explore=True)["action"])
         moves += args.envs
+    if profiler is not None:
+        profiler.disable()
     elapsed = time.perf_counter() - start
     env.close()
-    return {"moves_per_s": moves / elapsed, "opponent_calls_per_move": counted[0] / moves}
+    return {
+        "moves_per_s": moves / elapsed,
+        "opponent_calls_per_move": counted[0] / moves,
+        "seconds": elapsed,
+    }
 
 
-PARTS = {
-    "opponent policy calls": "selfplay.py:98(act_batch)",
-    "game steps (PettingZoo)": "order_enforcing.py:65(step)",
-    "observations (PettingZoo)": "order_enforcing.py:76(observe)",
-    "learner policy calls": None,  # every policy call minus the opponents'
+PARTS = {  # part -> (file, function) whose cumulative time it is; learner = all calls - opponents'
+    "opponent policy calls": ("selfplay.py", "(act_batch)"),
+    "moves (the mask's check, the game's step)": ("selfplay.py", "(_move)"),
+    "observations": ("selfplay.py", "(_view)"),
+    "networks' forward passes": ("_actor_critic.py", "(forward)"),  # (inside the policy calls)
+    "of which linear layers": ("~:0", "torch._C._nn.linear>)"),
+    "of which convolutions": ("~:0", "torch.conv2d>)"),
 }
 
 
 def profile(seconds: float, args: argparse.Namespace) -> dict[str, Any]:
     """Where the batched way's time goes, under cProfile (which slows Python code more than
-    torch's): the cumulative seconds of each part of :data:`PARTS` over ``seconds``."""
+    torch's): each part of :data:`PARTS`'s share of the ``seconds`` stepped."""
     import cProfile
     import pstats
 
-    env, learner, _ = build("batched", args.envs, args.snapshots, args.latest, args.live, 0)
-    obs, _ = env.reset(seed=0)
-    prof, moves, start = cProfile.Profile(), 0, time.perf_counter()
-    prof.enable()
-    while time.perf_counter() - start < seconds:
-        obs, *_ = env.step(learner.act(obs, explore=True)["action"])
-        moves += args.envs
-    prof.disable()
-    elapsed = time.perf_counter() - start
-    env.close()
+    profiler = cProfile.Profile()
+    stepped = step_for("batched", seconds, args, profiler)
     cumulative: dict[str, float] = {}
-    for (path, line, name), row in pstats.Stats(prof).stats.items():  # type: ignore[attr-defined]
+    for (path, line, name), row in pstats.Stats(profiler).stats.items():  # type: ignore[attr-defined]
         key = f"{Path(path).name}:{line}({name})"
         cumulative[key] = cumulative.get(key, 0.0) + row[3]
-    parts = {part: cumulative.get(key, 0.0) for part, key in PARTS.items() if key}
 
-    def total(prefix: str, suffix: str) -> float:
-        return sum(v for k, v in cumulative.items() if k.startswith(prefix) and k.endswith(suffix))
+    def total(where: str, what: str) -> float:
+        return sum(v for k, v in cumulative.items() if k.startswith(where) and k.endswith(what))
 
+    parts = {part: total(*where) for part, where in PARTS.items()}
     parts["learner policy calls"] = total("ppo.py", "(act)") - parts["opponent policy calls"]
-    # inside the policy calls (both sides): the networks, and their linear layers
-    parts["networks' forward passes"] = total("_actor_critic.py", "(forward)")
-    parts["of which linear layers"] = total("~:0", "torch._C._nn.linear>)")
-    parts["of which convolutions"] = total("~:0", "torch.conv2d>)")
     return {
-        "seconds": round(elapsed, 3),
-        "moves_per_s_profiled": moves / elapsed,
-        "share": {k: round(v / elapsed, 3) for k, v in parts.items()},
+        "seconds": round(stepped["seconds"], 3),
+        "moves_per_s_profiled": stepped["moves_per_s"],
+        "share": {k: round(v / stepped["seconds"], 3) for k, v in parts.items()},
+    }
+
+
+def ways(args: argparse.Namespace) -> dict[str, Any]:
+    """Every way in alternating rounds: the medians and the ratios."""
+    runs: dict[str, list[dict[str, float]]] = {"one_by_one": [], "checked": [], "batched": []}
+    for r in range(args.rounds):
+        for way in runs:
+            runs[way].append(step_for(way, args.seconds, args))
+            print(f"round {r + 1} {way}: {runs[way][-1]}", file=sys.stderr)
+    med = {w: {k: float(np.median([x[k] for x in v])) for k in v[0]} for w, v in runs.items()}
+    return {
+        "rounds": runs,
+        "median": med,
+        "speedup": med["batched"]["moves_per_s"] / med["one_by_one"]["moves_per_s"],
+        "checks_off_speedup": med["batched"]["moves_per_s"] / med["checked"]["moves_per_s"],
     }
 
 
@@ -159,32 +177,13 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    if args.profile > 0:
-        report = profile(args.profile, args)
-        report["settings"] = {k: v for k, v in vars(args).items() if k != "out"}
-        report["command"] = "python benchmarks/selfplay_actor.py " + " ".join(argv or sys.argv[1:])
-        print(json.dumps(report, indent=1))
-        if args.out:
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps(report, indent=1) + "\n")
-        return 0
-    runs: dict[str, list[dict[str, float]]] = {"one_by_one": [], "checked": [], "batched": []}
-    for r in range(args.rounds):
-        for way in runs:
-            runs[way].append(measure(way, args.seconds, args))
-            print(f"round {r + 1} {way}: {runs[way][-1]}", file=sys.stderr)
-    med = {w: {k: float(np.median([x[k] for x in v])) for k in v[0]} for w, v in runs.items()}
-    report = {
-        "settings": {k: v for k, v in vars(args).items() if k != "out"},
-        "rounds": runs,
-        "median": med,
-        "speedup": med["batched"]["moves_per_s"] / med["one_by_one"]["moves_per_s"],
-        "checks_off_speedup": med["batched"]["moves_per_s"] / med["checked"]["moves_per_s"],
-        "command": "python benchmarks/selfplay_actor.py " + " ".join(argv or sys.argv[1:]),
-        "unix": time.time(),
-    }
-    ratios = {k: round(report[k], 2) for k in ("speedup", "checks_off_speedup")}
-    print(json.dumps({"median": med, **ratios}, indent=1))
+    report = profile(args.profile, args) if args.profile > 0 else ways(args)
+    report["settings"] = {k: v for k, v in vars(args).items() if k != "out"}
+    report["command"] = "python benchmarks/selfplay_actor.py " + " ".join(argv or sys.argv[1:])
+    report["unix"] = time.time()
+    shown = ("share", "moves_per_s_profiled") if args.profile > 0 else ("median",)
+    ratios = {k: round(report[k], 2) for k in ("speedup", "checks_off_speedup") if k in report}
+    print(json.dumps({**{k: report[k] for k in shown}, **ratios}, indent=1))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=1) + "\n")

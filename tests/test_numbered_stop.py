@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
+from tests.test_books import beat
 from tianji.rl.books import Inbox, Outbox, accounting
 from tianji.rl.stats import ActorStat, BookStat, BufferStat, Dropped
-from tianji.runtime.events import Event, Heartbeat
+from tianji.runtime.events import Event
 from tianji.services.numbered import publish_numbered
 
 SAMPLES = 256
@@ -41,20 +42,6 @@ class StuckSender:
         self.started.set()
         await asyncio.Event().wait()  # the link's drain never finishes
         return 1
-
-
-def heartbeat(
-    name: str, role: str, counters: dict[str, int], gauges: dict[str, float]
-) -> Heartbeat:
-    return Heartbeat(
-        name=name,
-        role=role,
-        state="running",
-        counters=counters,
-        gauges=gauges,
-        queue_depths={},
-        sent_at=0.0,
-    )
 
 
 async def stop_mid_send(sender: StuckSender, outbox: Outbox) -> None:
@@ -89,10 +76,8 @@ def test_a_sender_stopped_mid_send_keeps_the_books_closed(arrives: bool) -> None
     for msg in sender.arrived:
         assert inbox.take("actor-0", msg.stream, msg.seq, msg.offset, SAMPLES) == 0
     got = inbox.received
-    actor = heartbeat(
-        "actor-0", "actor", dict(sender.counters), {**sender.gauges, **outbox.gauges()}
-    )
-    buffer = heartbeat(
+    actor = beat("actor-0", "actor", dict(sender.counters), {**sender.gauges, **outbox.gauges()})
+    buffer = beat(
         "buffer-0",
         "buffer",
         {

@@ -468,13 +468,13 @@ class Controller(Service):
     def bury(self, name: str, under: str | None = None) -> None:
         """``name`` died: its last heartbeat stays under ``under`` (default ``name``: for good,
         the run stops) marked dead, what it held counted lost by the plug-ins."""
-        hb = self.heartbeats.pop(name, None)
+        hb, under = self.heartbeats.pop(name, None), under or name
         if hb is None:
             return
-        hb = msgspec.structs.replace(hb, name=under or name, state="dead")
+        hb = msgspec.structs.replace(hb, name=under, state="dead")
         for plugin in self.plugins:
             hb = plugin.retired(hb)
-        self.heartbeats[under or name] = hb
+        self.heartbeats[under] = hb
         self._notify()
 
     async def command(self, name: str, ev: Event) -> bool:
