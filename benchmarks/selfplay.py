@@ -5,7 +5,9 @@
 Runs ``tianji train examples/connect_four_selfplay.toml --max-seconds S`` (timed from its
 launch), then plays the newest checkpoint's greedy policy ``--games`` games against the
 uniform random player and as many against the scripted one
-(``tianji.rl.selfplay.ConnectFourScripted``), half first and half second, and reads the
+(``tianji.rl.selfplay.ConnectFourScripted``), half first and half second, scores its
+one-move tactics in as many games against the scripted player
+(``benchmarks/connect_four_tactics.py``), and reads the
 run's league: the rating of each snapshot when it was taken (the newest snapshot's rating
 over the run) and the evaluations made during the run. Writes
 ``<out>/selfplay-connect-four.json`` and ``.md``. Run it alone on the machine.
@@ -55,7 +57,11 @@ def train(seconds: float, seed: int, work: Path, overrides: list[str]) -> dict[s
 
 
 def measure(run_dir: str, games: int, seed: int) -> dict[str, Any]:
-    """The newest checkpoint's greedy policy against each fixed opponent, by seat."""
+    """The newest checkpoint's greedy policy against each fixed opponent, by seat, and
+    its one-move tactics in as many games against the scripted player
+    (``connect_four_tactics.py``)."""
+    from connect_four_tactics import tactics
+
     from tianji.rl.selfplay import (
         ConnectFourScripted,
         RandomOpponent,
@@ -76,6 +82,7 @@ def measure(run_dir: str, games: int, seed: int) -> dict[str, Any]:
             k: (by_seat["first"][k] + by_seat["second"][k]) / 2 for k in ("win", "draw", "loss")
         }
         results[name] = {**both, "games": games, "by_seat": by_seat}
+    results["tactics"] = tactics(policy, games, seed)
     return results
 
 
@@ -104,6 +111,19 @@ def _trained_against(report: dict[str, Any]) -> str:
     )
 
 
+def tactics_line(t: dict[str, Any]) -> str:
+    """What ``connect_four_tactics.tactics`` found, in a sentence."""
+    kinds = "; ".join(
+        f"{k} {t[k]['right']:.3f} of {t[k]['positions']}" for k in ("win", "block", "safe")
+        if t[k]["positions"]
+    )  # fmt: skip
+    return (
+        f"One-move tactics in {t['games']} more games against the scripted player "
+        f"(`benchmarks/connect_four_tactics.py`), share right of the positions: {kinds}; "
+        f"{t['losses_after_a_miss']} of its {t['losses']} losses followed a missed win or block."
+    )
+
+
 def markdown(report: dict[str, Any]) -> str:
     m, curve = report["final"], report["rating"]
     lines = [
@@ -123,6 +143,8 @@ def markdown(report: dict[str, Any]) -> str:
             f"| {name} | {r['win']:.3f} | {r['draw']:.3f} | {r['loss']:.3f} | "
             f"{r['by_seat']['first']['win']:.3f} | {r['by_seat']['second']['win']:.3f} |"
         )
+    if "tactics" in m:  # (reports from before connect_four_tactics.py have none)
+        lines += ["", tactics_line(m["tactics"])]
     lines += [
         "",
         f"Newest snapshot's rating at its creation, {len(curve['curve'])} snapshots: "

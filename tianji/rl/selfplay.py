@@ -39,10 +39,12 @@ __all__ = [
     "FIXED_OPPONENTS",
     "SEATS",
     "ConnectFourScripted",
+    "connect_four_tactic",
     "IllegalMove",
     "Opponent",
     "PolicyOpponent",
     "RandomOpponent",
+    "TACTICS",
     "TwoPlayerGame",
     "fixed_opponent",
     "play_games",
@@ -134,6 +136,30 @@ class ConnectFourScripted:
         safe = [c for c in legal if not _gives_away(mine, theirs, c)] or legal
         weights = CENTER_FIRST[safe]
         return int(safe[int(self.rng.choice(len(safe), p=weights / weights.sum()))])
+
+
+TACTICS: Final = ("win", "block", "safe")
+"""The kinds of :func:`connect_four_tactic`'s positions."""
+
+
+def connect_four_tactic(mine: np.ndarray, theirs: np.ndarray) -> tuple[str, set[int]] | None:
+    """Which one-move rule of :class:`ConnectFourScripted` decides a position, and the
+    columns that follow it; None where none does or every legal column would.
+
+    ``mine`` and ``theirs`` are ``[6, 7]`` booleans (row 0 on top), the mover's first.
+    The kinds: "win" (columns that win at once), "block" (the opponent threatens to win
+    in exactly one column: that one), "safe" (neither; the columns that do not let the
+    opponent win on top of the mover's piece).
+    """
+    legal = [c for c in range(COLS) if _drop_row(mine, theirs, c) is not None]
+    wins = {c for c in legal if _wins_by(mine, theirs, c)}
+    if wins:
+        return ("win", wins) if len(wins) < len(legal) else None
+    threats = {c for c in legal if _wins_by(theirs, mine, c)}
+    if threats:
+        return ("block", threats) if len(threats) == 1 and len(legal) > 1 else None
+    safe = {c for c in legal if not _gives_away(mine, theirs, c)}
+    return ("safe", safe) if 0 < len(safe) < len(legal) else None
 
 
 def _drop_row(mine: np.ndarray, theirs: np.ndarray, col: int) -> int | None:
