@@ -40,12 +40,6 @@ from tianji.rl.selfplay import (
 GAME = "pettingzoo.classic.connect_four_v3"
 
 
-def _sides(view: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The mover's and the other's pieces, ``[6, 7]`` booleans, of PettingZoo's view."""
-    board = np.asarray(view[:84]).reshape(6, 7, 2) > 0.5
-    return board[..., 0], board[..., 1]
-
-
 def _play(
     env: TwoPlayerGame, policy: Callable[[np.ndarray], Any], seed: int, tally: dict[str, list[int]]
 ) -> tuple[float, bool]:
@@ -54,7 +48,7 @@ def _play(
     missed, done, info = False, False, {}
     while not done:
         move = int(np.asarray(policy(obs[None])).reshape(-1)[0])
-        tactic = connect_four_tactic(*_sides(obs))
+        tactic = connect_four_tactic(obs)
         if tactic is not None:
             kind, right = tactic
             tally[kind][0] += move in right

@@ -12,27 +12,22 @@ pytest.importorskip("pettingzoo.classic")
 from tests.test_selfplay_game import _view
 
 
-def sides(view: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    board = view[:84].reshape(6, 7, 2) > 0.5
-    return board[..., 0], board[..., 1]
-
-
 def test_a_win_at_once_is_found_before_a_block() -> None:
     view = _view([(5, 0), (5, 1), (5, 2)], [(4, 0), (4, 1), (4, 2)])
-    assert connect_four_tactic(*sides(view)) == ("win", {3})
+    assert connect_four_tactic(view) == ("win", {3})
 
 
 def test_a_single_threat_must_be_blocked_and_two_threats_decide_nothing() -> None:
     vertical = _view([(5, 0), (5, 1)], [(5, 5), (4, 5), (3, 5)])
-    assert connect_four_tactic(*sides(vertical)) == ("block", {5})
+    assert connect_four_tactic(vertical) == ("block", {5})
     open_three = _view([(5, 6), (4, 6)], [(5, 2), (5, 3), (5, 4)])
-    assert connect_four_tactic(*sides(open_three)) is None
+    assert connect_four_tactic(open_three) is None
 
 
 def test_safe_columns_leave_out_the_one_under_the_opponents_win() -> None:
     trap = _view([(5, 0), (5, 2), (5, 6)], [(4, 0), (4, 1), (4, 2), (5, 1)])
-    assert connect_four_tactic(*sides(trap)) == ("safe", {0, 1, 2, 4, 5, 6})
-    assert connect_four_tactic(*sides(_view([], []))) is None  # every column is safe
+    assert connect_four_tactic(trap) == ("safe", {0, 1, 2, 4, 5, 6})
+    assert connect_four_tactic(_view([], [])) is None  # every column is safe
 
 
 def test_the_tactics_tally_is_full_for_the_scripted_player_and_low_for_random() -> None:

@@ -126,8 +126,7 @@ class ConnectFourScripted:
         self.rng = np.random.default_rng(seed)
 
     def act(self, obs: np.ndarray) -> int:
-        board = np.asarray(obs[: ROWS * COLS * 2]).reshape(ROWS, COLS, 2) > 0.5
-        mine, theirs = board[..., 0], board[..., 1]
+        mine, theirs = _pieces(obs)
         legal = [c for c in range(COLS) if obs[ROWS * COLS * 2 + c] > 0.5]
         for me, other in ((mine, theirs), (theirs, mine)):  # win, else block
             for c in legal:
@@ -142,15 +141,16 @@ TACTICS: Final = ("win", "block", "safe")
 """The kinds of :func:`connect_four_tactic`'s positions."""
 
 
-def connect_four_tactic(mine: np.ndarray, theirs: np.ndarray) -> tuple[str, set[int]] | None:
+def connect_four_tactic(view: np.ndarray) -> tuple[str, set[int]] | None:
     """Which one-move rule of :class:`ConnectFourScripted` decides a position, and the
     columns that follow it; None where none does or every legal column would.
 
-    ``mine`` and ``theirs`` are ``[6, 7]`` booleans (row 0 on top), the mover's first.
-    The kinds: "win" (columns that win at once), "block" (the opponent threatens to win
-    in exactly one column: that one), "safe" (neither; the columns that do not let the
+    ``view`` is the mover's masked observation, as the scripted player reads it. The
+    kinds: "win" (columns that win at once), "block" (the opponent threatens to win in
+    exactly one column: that one), "safe" (neither; the columns that do not let the
     opponent win on top of the mover's piece).
     """
+    mine, theirs = _pieces(view)
     legal = [c for c in range(COLS) if _drop_row(mine, theirs, c) is not None]
     wins = {c for c in legal if _wins_by(mine, theirs, c)}
     if wins:
@@ -160,6 +160,12 @@ def connect_four_tactic(mine: np.ndarray, theirs: np.ndarray) -> tuple[str, set[
         return ("block", threats) if len(threats) == 1 and len(legal) > 1 else None
     safe = {c for c in legal if not _gives_away(mine, theirs, c)}
     return ("safe", safe) if 0 < len(safe) < len(legal) else None
+
+
+def _pieces(view: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The mover's and the other's pieces (``[6, 7]`` booleans) of a connect-four view."""
+    board = np.asarray(view[: ROWS * COLS * 2]).reshape(ROWS, COLS, 2) > 0.5
+    return board[..., 0], board[..., 1]
 
 
 def _drop_row(mine: np.ndarray, theirs: np.ndarray, col: int) -> int | None:
