@@ -99,6 +99,13 @@ def rating_curve(summary: dict[str, Any]) -> dict[str, Any]:
 
 def _trained_against(report: dict[str, Any]) -> str:
     mix = report.get("trained_against_fixed") or {}
+    tactics = report.get("train", {}).get("selfplay", {}).get("opponent_tactics") or []
+    if not mix and tactics:
+        return (
+            "Trained by self-play with the snapshots (and live games) playing the one-move "
+            f"rules {', '.join(tactics)} on top of their policy (`[selfplay] opponent_tactics`): "
+            "the fixed opponents were never played in training."
+        )
     if not mix:
         return "Trained by pure self-play: the fixed opponents were never played in training."
     each = ", ".join(

@@ -65,5 +65,8 @@ def test_the_selfplay_report_shows_the_final_policys_tactics() -> None:
     text = markdown(report)
     assert "of the positions: win 0.591 of 115; block 0.484 of 153; 91 of its 122" in text
     assert "safe" not in text
+    assert "Trained by pure self-play" in text
     del report["final"]["tactics"]  # a report from before the probe
     assert "tactics" not in markdown(report)
+    report["train"] = {"command": "train", "selfplay": {"opponent_tactics": ["win", "block"]}}
+    assert "playing the one-move rules win, block on top of their policy" in markdown(report)

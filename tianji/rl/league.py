@@ -36,6 +36,7 @@ from typing import Final
 
 import numpy as np
 
+from tianji.rl.selfplay import TACTICS
 from tianji.runtime.errors import ConfigError
 
 __all__ = [
@@ -108,6 +109,13 @@ class SelfPlayConfig:
     snapshots keep a share for the ratings: ``live_prob`` and ``train_opponents`` sum to
     less than 1. Needs local inference (``[actors] inference = "local"``: the actor holds
     the weights)."""
+    opponent_tactics: tuple[str, ...] = ()
+    """One-move rules the policy opponents (snapshots and live games) play on top of their
+    policy (:mod:`tianji.rl.tactics`), of "win" (take a winning move), "block" (answer
+    the other's only winning threat) and "safe" (never let the other win on top of one's
+    piece). Needs a game that declares them (:data:`~tianji.rl.tactics.GAME_TACTICS`).
+    The learner and the evaluation stay the raw policy. Empty (the default): the
+    snapshots play as they are."""
     latest_prob: float = 0.5
     """The chance that a snapshot game is played against the newest snapshot (else one from
     the pool)."""
@@ -145,6 +153,10 @@ class SelfPlayConfig:
             if not isinstance(p, int | float) or not 0.0 < p < 1.0:
                 key = f"selfplay.train_opponents.{name}"
                 raise ConfigError(key, p, "a probability in (0, 1)")
+        unknown = [k for k in self.opponent_tactics if k not in TACTICS]
+        if unknown or len(set(self.opponent_tactics)) < len(self.opponent_tactics):
+            expected = f"distinct kinds among {', '.join(TACTICS)}"
+            raise ConfigError("selfplay.opponent_tactics", list(self.opponent_tactics), expected)
         if not 0.0 <= self.live_prob < 1.0:
             raise ConfigError("selfplay.live_prob", self.live_prob, "a probability in [0, 1)")
         if sum(self.train_opponents.values()) + self.live_prob >= 1.0:

@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from tianji.rl.books import Outbox
 from tianji.rl.config import RunConfig
-from tianji.rl.envs import make_vector_env, uniform_actions
+from tianji.rl.envs import env_spaces_and_state, make_vector_env, uniform_actions
 from tianji.rl.events import (
     ActionsComputed,
     ComputeActions,
@@ -25,9 +26,10 @@ from tianji.rl.events import (
 from tianji.rl.league import LIVE
 from tianji.rl.masks import legal_actions, mask_size
 from tianji.rl.run_balance import balance_config
-from tianji.rl.selfplay import PolicyOpponent, fixed_opponent
+from tianji.rl.selfplay import Opponent, PolicyOpponent, fixed_opponent
 from tianji.rl.slots import StateSlots
 from tianji.rl.stats import ActorStat, Dropped
+from tianji.rl.tactics import game_tactic, with_tactics
 from tianji.rl.topics import (
     EPISODES,
     GAMES,
@@ -128,10 +130,18 @@ class ActorService(Service):
                 for i, name in enumerate(league.train_opponents)
             ],
             live=self._live_opponent() if league.live_prob > 0 else None,
+            tactics=self._tactics(run) if league.opponent_tactics else None,
         )
         self.subscribe(SNAPSHOTS, pool.on_snapshot)
         self.subscribe(OPPONENTS, pool.on_opponents)
         return pool
+
+    @staticmethod
+    def _tactics(run: RunConfig) -> Callable[[PolicyOpponent], Opponent]:
+        """The one-move tactics the policy opponents play (``[selfplay] opponent_tactics``)."""
+        observation_space = env_spaces_and_state(run.env)[0]
+        tactic = game_tactic(run.env.id)
+        return with_tactics(tactic, run.selfplay.opponent_tactics, mask_size(observation_space))
 
     def _live_opponent(self) -> PolicyOpponent:
         """The actor's own policy, with the weights it collects with, as an opponent

@@ -67,6 +67,7 @@ class LeagueService(Service):
     ) -> None:
         super().__init__(name, publishes=[OPPONENTS], **kwargs)
         fixed = {fixed_opponent(n, seed=0).id: p for n, p in settings.train_opponents.items()}
+        self.opponent_tactics = list(settings.opponent_tactics)
         self.league = League(settings, anchors={RANDOM: settings.initial_rating}, fixed=fixed)
         self.started = time.monotonic()
         self.snapshots: list[dict[str, Any]] = []
@@ -162,6 +163,7 @@ class LeagueService(Service):
                 fid: {"probability": p, "rating": ratings[fid], "games": self._games(fid)}
                 for fid, p in self.league.fixed.items()
             },
+            "opponent_tactics": self.opponent_tactics,
             "rating_at_snapshot": [(s["version"], round(s["rating"], 1)) for s in self.snapshots],
         }
 

@@ -44,6 +44,9 @@ class OpponentPool:
         seed: seeds the draws and the random player.
         fixed: the fixed opponents mixed into training.
         live: the actor's own policy as an opponent (id "live"; ``live_prob``), if drawn.
+        tactics: what makes a policy opponent (each snapshot and ``live``) play one-move
+            tactics (``[selfplay] opponent_tactics``, :func:`tianji.rl.tactics.with_tactics`);
+            None: they play as they are.
     """
 
     def __init__(
@@ -54,18 +57,20 @@ class OpponentPool:
         explore: bool,
         seed: int,
         fixed: Sequence[Opponent] = (),
-        live: Opponent | None = None,
+        live: PolicyOpponent | None = None,
+        tactics: Callable[[PolicyOpponent], Opponent] | None = None,
     ) -> None:
         self.make_policy = make_policy
+        self.tactics: Callable[[PolicyOpponent], Opponent] = tactics or (lambda opponent: opponent)
         self.fixed = {o.id: o for o in fixed}
         """Fixed opponents mixed into training (``[selfplay] train_opponents``), by id."""
         if live is not None:
-            self.fixed[LIVE] = live  # drawn like a fixed opponent, its id "live"
+            self.fixed[LIVE] = self.tactics(live)  # drawn like a fixed opponent, its id "live"
         self.pool_size = pool_size
         self.explore = explore
         self.rng = np.random.default_rng([seed, 11])
         self.random = RandomOpponent(seed=seed + 13)
-        self.held: dict[str, PolicyOpponent] = {}
+        self.held: dict[str, Opponent] = {}
         """Snapshot id -> its policy as an opponent (one object per snapshot, so a vector
         env batches the moves of the games it plays), oldest first."""
         self.probabilities: dict[str, float] = {}
@@ -77,7 +82,9 @@ class OpponentPool:
         policy = self.make_policy()
         policy.set_weights(ev.weights, ev.policy_version)
         explore = self.explore
-        self.held[sid] = PolicyOpponent(sid, lambda obs: policy.act(obs, explore=explore)["action"])
+        self.held[sid] = self.tactics(
+            PolicyOpponent(sid, lambda obs: policy.act(obs, explore=explore)["action"])
+        )
         while len(self.held) > self.pool_size:
             del self.held[next(iter(self.held))]
 

@@ -1,0 +1,102 @@
+"""Self-play opponents that see one move ahead (``[selfplay] opponent_tactics``).
+
+In pure self-play the learner's opponents are copies of itself, and they miss what it
+misses: a connect-four policy after a few minutes takes about three in five of its
+winning moves and blocks about half of its opponent's, and as many of its losses to the
+scripted player follow such a miss (``benchmarks/connect_four_tactics.py``,
+docs/benchmarks.md). An opponent that never leaves a win on the board nor an open
+threat unanswered punishes every such miss, so the learner's mistakes cost it games
+instead of passing unnoticed.
+
+:class:`TacticalOpponent` gives a policy opponent (a league snapshot or the live
+learner) that sight: before the policy picks its move, the game's *tactic* (a function
+of the mover's view, :data:`GAME_TACTICS`) names the kind of position and the columns
+that follow the one-move rule; for the kinds asked for, the opponent's action mask is
+narrowed to those columns, and the policy chooses among them as it always does (masked
+sampling). Elsewhere the snapshot plays as itself. The learner itself, and what the
+evaluation measures, stay the raw policy: the tactics are part of the opponents only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from typing import Final
+
+import numpy as np
+
+from tianji.rl.selfplay import TACTICS, Opponent, PolicyOpponent, connect_four_tactic
+
+__all__ = ["GAME_TACTICS", "TacticalOpponent", "Tactic", "game_tactic", "with_tactics"]
+
+Tactic = Callable[[np.ndarray], tuple[str, set[int]] | None]
+"""A game's one-move rules: the mover's masked view -> (kind, the moves that follow the
+rule), or None where no rule decides the position."""
+
+GAME_TACTICS: Final[dict[str, Tactic]] = {
+    "pettingzoo.classic.connect_four_v3": connect_four_tactic,
+}
+"""The games with one-move tactics, by ``[env] id``; their kinds are :data:`TACTICS`."""
+
+
+def game_tactic(env_id: str) -> Tactic | None:
+    """The one-move tactic of the game ``env_id`` (None: the game declares none)."""
+    return GAME_TACTICS.get(env_id)
+
+
+class TacticalOpponent:
+    """``inner`` (a policy opponent) playing the one-move rules ``kinds`` of ``tactic``
+    (see the module doc); its id is the inner opponent's, so the league rates it as that
+    snapshot.
+
+    Args:
+        inner: the policy opponent; its ``act_batch`` honours the mask in the views.
+        tactic: the game's tactic.
+        kinds: which of the tactic's kinds to play (e.g. ``("win", "block")``).
+        n_actions: the mask's length (the trailing entries of every view).
+
+    Raises:
+        ValueError: naming a kind that is not one of :data:`TACTICS`.
+    """
+
+    def __init__(
+        self, inner: PolicyOpponent, tactic: Tactic, kinds: Collection[str], n_actions: int
+    ) -> None:
+        unknown = sorted(set(kinds) - set(TACTICS))
+        if unknown:
+            raise ValueError(f"tactic kinds {unknown}: each one of {', '.join(TACTICS)}")
+        self.inner, self.id = inner, inner.id
+        self.tactic, self.kinds, self.n_actions = tactic, frozenset(kinds), n_actions
+        self.moves = 0
+        """Moves chosen so far."""
+        self.narrowed: dict[str, int] = {kind: 0 for kind in self.kinds}
+        """Moves whose choices a rule narrowed, by kind."""
+
+    def act(self, obs: np.ndarray) -> int:
+        return int(self.act_batch(np.asarray(obs)[None])[0])
+
+    def act_batch(self, obs: np.ndarray) -> np.ndarray:
+        """Moves ``[B]`` for views ``[B, D + n]``: the inner policy's, among the columns
+        the rules leave (one call of the inner policy for the batch)."""
+        views = np.array(obs, copy=True)
+        for view in views:
+            found = self.tactic(view)
+            if found is not None and found[0] in self.kinds:
+                kind, moves = found
+                mask = np.zeros(self.n_actions, views.dtype)
+                mask[sorted(moves)] = 1
+                view[-self.n_actions :] = mask
+                self.narrowed[kind] += 1
+        self.moves += len(views)
+        return self.inner.act_batch(views)
+
+
+def with_tactics(
+    tactic: Tactic | None, kinds: Collection[str], n_actions: int
+) -> Callable[[PolicyOpponent], Opponent]:
+    """What makes a policy opponent play ``kinds`` of ``tactic`` (itself, unchanged,
+    when ``kinds`` is empty)."""
+    if not kinds:
+        return lambda opponent: opponent
+    if tactic is None:
+        raise ValueError(f"opponent tactics {sorted(kinds)} for a game that declares none")
+    return lambda opponent: TacticalOpponent(opponent, tactic, kinds, n_actions)
