@@ -17,7 +17,7 @@ from tianji.rl.config import RunConfig, to_dict
 from tianji.rl.events import SnapshotTaken
 from tianji.rl.league import LIVE, SelfPlayConfig
 from tianji.rl.selfplay import PolicyOpponent, connect_four_tactic
-from tianji.rl.tactics import TacticalOpponent, game_tactic, with_tactics
+from tianji.rl.tactics import TacticalOpponent, Tactics, TacticsTally, game_tactic
 from tianji.runtime.errors import ConfigError
 from tianji.services.opponents import OpponentPool
 
@@ -60,7 +60,7 @@ def test_a_tactical_snapshot_wins_and_blocks_whatever_its_policy_prefers() -> No
     moves = opponent.act_batch(np.stack([WIN, VERTICAL, BLOCK, OPEN]))
     assert moves.tolist() == [3, 5, 0, 0]  # two threats or none: the policy's own move
     assert policy.seen[0][2].tolist() == BLOCK[-7:].tolist()  # masks left alone there
-    assert opponent.narrowed == {"win": 1, "block": 1} and opponent.moves == 4
+    assert opponent.tally == TacticsTally({"win": 1, "block": 1}, moves=4)
     assert opponent.id == "v7" and opponent.act(WIN) == 3
 
 
@@ -72,7 +72,7 @@ def test_only_the_kinds_asked_for_narrow_the_moves() -> None:
     under = _view([(5, 1), (5, 3), (5, 6), (4, 6)], [(5, 2), (4, 1), (4, 2), (4, 3)])
     assert connect_four_tactic(under) == ("safe", {1, 2, 3, 5, 6})
     assert safe.act(under) == 1  # not 0, which its policy prefers
-    assert safe.narrowed == {"safe": 1}
+    assert safe.tally.narrowed == {"safe": 1}
 
 
 def test_an_unknown_kind_or_a_game_without_tactics_is_refused_naming_it() -> None:
@@ -90,12 +90,14 @@ def test_an_unknown_kind_or_a_game_without_tactics_is_refused_naming_it() -> Non
             opponent_tactics=("win",)))  # fmt: skip
     assert game_tactic("pettingzoo.classic.tictactoe_v3") is None
     with pytest.raises(ValueError, match="declares none"):
-        with_tactics(None, ("win",), 7)
+        Tactics(None, ("win",), 7)
+    with pytest.raises(ValueError, match="fork"):
+        Tactics(connect_four_tactic, ("fork",), 7)
 
 
 def test_every_policy_opponent_of_the_pool_plays_the_tactics() -> None:
     live = PolicyOpponent(LIVE, Leftmost())
-    wrap = with_tactics(connect_four_tactic, ("win", "block"), 7)
+    wrap = Tactics(connect_four_tactic, ("win", "block"), 7)
     pool = OpponentPool(MaskedConstant, pool_size=2, explore=True, seed=0, live=live, tactics=wrap)
     asyncio.run(pool.on_snapshot(snapshot(1)))  # it plays its version's column: 1
     held = pool._opponent("v1")
@@ -103,6 +105,7 @@ def test_every_policy_opponent_of_the_pool_plays_the_tactics() -> None:
     assert held.act(OPEN) == 1 and held.act(VERTICAL) == 5
     played_live = pool._opponent(LIVE)
     assert isinstance(played_live, TacticalOpponent) and played_live.act(WIN) == 3
+    assert wrap.tally == TacticsTally({"win": 1, "block": 1}, moves=3)  # one tally for all
     plain = OpponentPool(MaskedConstant, pool_size=2, explore=True, seed=0, live=live)
     asyncio.run(plain.on_snapshot(snapshot(1)))
     assert plain._opponent("v1").act(VERTICAL) == 1 and plain._opponent(LIVE) is live
@@ -120,3 +123,7 @@ def test_an_actor_of_a_run_with_opponent_tactics_plays_tactical_snapshots() -> N
     for opponent in (actor.opponents._opponent("v4"), actor.opponents._opponent(LIVE)):
         assert isinstance(opponent, TacticalOpponent) and opponent.kinds == {"win", "block"}
         assert all(opponent.act(VERTICAL) == 5 for _ in range(10))  # sampled, yet narrowed
+    actor.publish = lambda *a, **k: asyncio.sleep(0)  # type: ignore[method-assign]
+    asyncio.run(actor._publish_games([]))
+    assert actor.counters["opponent_moves"] == actor.counters["opponent_block"] == 20
+    assert actor.counters["opponent_win"] == 0  # reported in the summary's services

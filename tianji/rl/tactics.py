@@ -19,6 +19,7 @@ evaluation measures, stay the raw policy: the tactics are part of the opponents 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Collection
 from typing import Final
 
@@ -26,7 +27,7 @@ import numpy as np
 
 from tianji.rl.selfplay import TACTICS, Opponent, PolicyOpponent, connect_four_tactic
 
-__all__ = ["GAME_TACTICS", "TacticalOpponent", "Tactic", "game_tactic", "with_tactics"]
+__all__ = ["GAME_TACTICS", "Tactic", "TacticalOpponent", "Tactics", "TacticsTally", "game_tactic"]
 
 Tactic = Callable[[np.ndarray], tuple[str, set[int]] | None]
 """A game's one-move rules: the mover's masked view -> (kind, the moves that follow the
@@ -53,29 +54,33 @@ class TacticalOpponent:
         tactic: the game's tactic.
         kinds: which of the tactic's kinds to play (e.g. ``("win", "block")``).
         n_actions: the mask's length (the trailing entries of every view).
+        tally: where to count the moves (shared by the opponents of one pool; a tally of
+            its own by default).
 
     Raises:
         ValueError: naming a kind that is not one of :data:`TACTICS`.
     """
 
     def __init__(
-        self, inner: PolicyOpponent, tactic: Tactic, kinds: Collection[str], n_actions: int
+        self,
+        inner: PolicyOpponent,
+        tactic: Tactic,
+        kinds: Collection[str],
+        n_actions: int,
+        tally: TacticsTally | None = None,
     ) -> None:
         unknown = sorted(set(kinds) - set(TACTICS))
         if unknown:
             raise ValueError(f"tactic kinds {unknown}: each one of {', '.join(TACTICS)}")
         self.inner, self.id = inner, inner.id
         self.tactic, self.kinds, self.n_actions = tactic, frozenset(kinds), n_actions
-        self.moves = 0
-        """Moves chosen so far."""
-        self.narrowed: dict[str, int] = {kind: 0 for kind in self.kinds}
-        """Moves whose choices a rule narrowed, by kind."""
+        self.tally = tally if tally is not None else TacticsTally({k: 0 for k in self.kinds})
 
     def act(self, obs: np.ndarray) -> int:
         return int(self.act_batch(np.asarray(obs)[None])[0])
 
     def act_batch(self, obs: np.ndarray) -> np.ndarray:
-        """Moves ``[B]`` for views ``[B, D + n]``: the inner policy's, among the columns
+        """Moves ``[B]`` for views ``[B, D + n]``: the inner policy's, among the moves
         the rules leave (one call of the inner policy for the batch)."""
         views = np.array(obs, copy=True)
         for view in views:
@@ -85,18 +90,36 @@ class TacticalOpponent:
                 mask = np.zeros(self.n_actions, views.dtype)
                 mask[sorted(moves)] = 1
                 view[-self.n_actions :] = mask
-                self.narrowed[kind] += 1
-        self.moves += len(views)
+                self.tally.narrowed[kind] = self.tally.narrowed.get(kind, 0) + 1
+        self.tally.moves += len(views)
         return self.inner.act_batch(views)
 
 
-def with_tactics(
-    tactic: Tactic | None, kinds: Collection[str], n_actions: int
-) -> Callable[[PolicyOpponent], Opponent]:
-    """What makes a policy opponent play ``kinds`` of ``tactic`` (itself, unchanged,
-    when ``kinds`` is empty)."""
-    if not kinds:
-        return lambda opponent: opponent
-    if tactic is None:
-        raise ValueError(f"opponent tactics {sorted(kinds)} for a game that declares none")
-    return lambda opponent: TacticalOpponent(opponent, tactic, kinds, n_actions)
+@dataclasses.dataclass(slots=True)
+class TacticsTally:
+    """The moves tactical opponents made, and how many of them a rule narrowed, by kind
+    (an actor reports them as ``opponent_moves`` and ``opponent_<kind>`` counters)."""
+
+    narrowed: dict[str, int] = dataclasses.field(default_factory=dict)
+    moves: int = 0
+
+
+class Tactics:
+    """Makes policy opponents play ``kinds`` of ``tactic``, all counting into one
+    :attr:`tally` (an actor's pool: its snapshots and its live policy).
+
+    Raises:
+        ValueError: for kinds but no tactic (a game that declares none), or an unknown kind.
+    """
+
+    def __init__(self, tactic: Tactic | None, kinds: Collection[str], n_actions: int) -> None:
+        if tactic is None:
+            raise ValueError(f"opponent tactics {sorted(kinds)} for a game that declares none")
+        unknown = sorted(set(kinds) - set(TACTICS))
+        if unknown or not kinds:
+            raise ValueError(f"tactic kinds {sorted(kinds)}: one or more of {', '.join(TACTICS)}")
+        self.tactic, self.kinds, self.n_actions = tactic, tuple(kinds), n_actions
+        self.tally = TacticsTally({kind: 0 for kind in self.kinds})
+
+    def __call__(self, opponent: PolicyOpponent) -> Opponent:
+        return TacticalOpponent(opponent, self.tactic, self.kinds, self.n_actions, self.tally)

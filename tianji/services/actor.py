@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -26,10 +25,10 @@ from tianji.rl.events import (
 from tianji.rl.league import LIVE
 from tianji.rl.masks import legal_actions, mask_size
 from tianji.rl.run_balance import balance_config
-from tianji.rl.selfplay import Opponent, PolicyOpponent, fixed_opponent
+from tianji.rl.selfplay import PolicyOpponent, fixed_opponent
 from tianji.rl.slots import StateSlots
 from tianji.rl.stats import ActorStat, Dropped
-from tianji.rl.tactics import game_tactic, with_tactics
+from tianji.rl.tactics import Tactics, game_tactic
 from tianji.rl.topics import (
     EPISODES,
     GAMES,
@@ -114,12 +113,14 @@ class ActorService(Service):
         balance = balance_config(self.config, self.spec)
         self.weights_on_grant = balance.weights_on_grant
         self.subscribe(LATEST_PARAMS, self.on_params, on_demand=True)
+        self.tactics: Tactics | None = None  # the opponents' one-move rules, if any
         self.opponents = self._opponent_pool(run) if selfplay else None
 
     def _opponent_pool(self, run: RunConfig) -> OpponentPool:
         """The league's snapshots to play against, the fixed opponents mixed into
         training, and how to draw them (self-play)."""
         league = run.selfplay
+        self.tactics = self._tactics(run) if league.opponent_tactics else None
         pool = OpponentPool(
             lambda: make_algorithm(run, seed=self.seed, device="cpu"),
             pool_size=league.pool_size,
@@ -130,18 +131,18 @@ class ActorService(Service):
                 for i, name in enumerate(league.train_opponents)
             ],
             live=self._live_opponent() if league.live_prob > 0 else None,
-            tactics=self._tactics(run) if league.opponent_tactics else None,
+            tactics=self.tactics,
         )
         self.subscribe(SNAPSHOTS, pool.on_snapshot)
         self.subscribe(OPPONENTS, pool.on_opponents)
         return pool
 
     @staticmethod
-    def _tactics(run: RunConfig) -> Callable[[PolicyOpponent], Opponent]:
+    def _tactics(run: RunConfig) -> Tactics:
         """The one-move tactics the policy opponents play (``[selfplay] opponent_tactics``)."""
         observation_space = env_spaces_and_state(run.env)[0]
         tactic = game_tactic(run.env.id)
-        return with_tactics(tactic, run.selfplay.opponent_tactics, mask_size(observation_space))
+        return Tactics(tactic, run.selfplay.opponent_tactics, mask_size(observation_space))
 
     def _live_opponent(self) -> PolicyOpponent:
         """The actor's own policy, with the weights it collects with, as an opponent
@@ -390,6 +391,10 @@ class ActorService(Service):
         """Self-play: the games that ended, for the league's ratings."""
         assert self.opponents is not None
         self.gauges[ActorStat.SNAPSHOTS_HELD] = len(self.opponents.held)
+        if self.tactics is not None:  # the opponents' moves, and those a rule narrowed
+            self.counters["opponent_moves"] = self.tactics.tally.moves
+            for kind, moves in self.tactics.tally.narrowed.items():
+                self.counters[f"opponent_{kind}"] = moves
         if not games:
             return
         self.counters[ActorStat.GAMES] += len(games)

@@ -45,7 +45,7 @@ class OpponentPool:
         fixed: the fixed opponents mixed into training.
         live: the actor's own policy as an opponent (id "live"; ``live_prob``), if drawn.
         tactics: what makes a policy opponent (each snapshot and ``live``) play one-move
-            tactics (``[selfplay] opponent_tactics``, :func:`tianji.rl.tactics.with_tactics`);
+            tactics (``[selfplay] opponent_tactics``, :class:`tianji.rl.tactics.Tactics`);
             None: they play as they are.
     """
 
