@@ -1,6 +1,7 @@
 """A self-play run end to end: `tianji train examples/connect_four_selfplay.toml`, shortened,
 takes snapshots, rates the games in league.jsonl (and counts the live ones, against the
-learner's own weights, unrated), evaluates against the fixed opponents
+learner's own weights, unrated; its opponents here play the one-move rules, and the actors
+count the moves the rules decided), evaluates against the fixed opponents
 and reports it all in the summary's `selfplay` section, with no illegal move (an illegal
 move stops the actor, and the run with it) and the books closed."""
 
@@ -26,6 +27,7 @@ def test_a_short_self_play_run_rates_its_snapshots_and_evaluates(tmp_path: Path)
         "--run-dir", str(tmp_path / "runs"),
         "--set", "selfplay.snapshot_every=2", "--set", "selfplay.eval_games=10",
         "--set", "eval.every_seconds=2",
+        "--set", 'selfplay.opponent_tactics=["win", "block", "safe"]',
     ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -38,11 +40,13 @@ def test_a_short_self_play_run_rates_its_snapshots_and_evaluates(tmp_path: Path)
     assert play["vs"]["random"]["episodes"] == 10
     versions = [v for v, _ in play["rating_at_snapshot"]]
     assert versions == sorted(versions) and versions[0] == 0
-    games = sum(
-        svc["counters"].get("games", 0)
-        for name, svc in s["services"].items()
-        if name.startswith("actor-")
-    )
+    actors = [svc["counters"] for name, svc in s["services"].items() if name.startswith("actor-")]
+    games = sum(c.get("games", 0) for c in actors)
+    # the snapshots and live games played the one-move rules: they decided some moves
+    assert play["opponent_tactics"] == ["win", "block", "safe"]
+    moves = sum(c.get("opponent_moves", 0) for c in actors)
+    ruled = sum(c.get(f"opponent_{kind}", 0) for c in actors for kind in ("win", "block", "safe"))
+    assert 0 < ruled < moves, (ruled, moves)
     assert play["games_live"] > 0  # the example plays half its games live
     # every rated game and every live game was reported by an actor
     assert games >= play["games"] + play["games_live"]

@@ -42,7 +42,7 @@ from tianji.rl.config_ops import (
 )
 from tianji.rl.league import SelfPlayConfig
 from tianji.rl.pbt import PopulationConfig
-from tianji.rl.tactics import GAME_TACTICS, game_tactic
+from tianji.rl.tactics import check_game_tactics
 from tianji.runtime.errors import ConfigError
 
 __all__ = [
@@ -444,13 +444,7 @@ class RunConfig:
         if self.selfplay.live_prob > 0 and self.actors.inference == "service":
             why = '0 with [actors] inference = "service" (actors hold no weights to play)'
             raise ConfigError("selfplay.live_prob", self.selfplay.live_prob, why)
-        if self.selfplay.opponent_tactics and game_tactic(self.env.id) is None:
-            why = f"empty for env.id {self.env.id!r}: one-move tactics exist for " + ", ".join(
-                GAME_TACTICS
-            )
-            raise ConfigError(
-                "selfplay.opponent_tactics", list(self.selfplay.opponent_tactics), why
-            )
+        check_game_tactics(self.env.id, self.selfplay.opponent_tactics)
         self._check_population()
         if self.stop.on == "eval" and not self.eval.workers:
             raise ConfigError("stop.on", self.stop.on, '"train" when eval.workers is 0')

@@ -26,8 +26,17 @@ from typing import Final
 import numpy as np
 
 from tianji.rl.selfplay import TACTICS, Opponent, PolicyOpponent, connect_four_tactic
+from tianji.runtime.errors import ConfigError
 
-__all__ = ["GAME_TACTICS", "Tactic", "TacticalOpponent", "Tactics", "TacticsTally", "game_tactic"]
+__all__ = [
+    "GAME_TACTICS",
+    "Tactic",
+    "TacticalOpponent",
+    "Tactics",
+    "TacticsTally",
+    "check_game_tactics",
+    "game_tactic",
+]
 
 Tactic = Callable[[np.ndarray], tuple[str, set[int]] | None]
 """A game's one-move rules: the mover's masked view -> (kind, the moves that follow the
@@ -42,6 +51,17 @@ GAME_TACTICS: Final[dict[str, Tactic]] = {
 def game_tactic(env_id: str) -> Tactic | None:
     """The one-move tactic of the game ``env_id`` (None: the game declares none)."""
     return GAME_TACTICS.get(env_id)
+
+
+def check_game_tactics(env_id: str, kinds: Collection[str]) -> None:
+    """Refuse opponent tactics for a game that declares none.
+
+    Raises:
+        ConfigError: naming ``selfplay.opponent_tactics`` and the env id.
+    """
+    if kinds and game_tactic(env_id) is None:
+        why = f"empty for env.id {env_id!r}: one-move tactics exist for {', '.join(GAME_TACTICS)}"
+        raise ConfigError("selfplay.opponent_tactics", list(kinds), why)
 
 
 class TacticalOpponent:
