@@ -2,8 +2,8 @@
 
 In pure self-play the learner's opponents are copies of itself, and they miss what it
 misses: a connect-four policy after a few minutes takes about three in five of its
-winning moves and blocks about half of its opponent's, and as many of its losses to the
-scripted player follow such a miss (``benchmarks/connect_four_tactics.py``,
+winning moves and blocks about half of its opponent's threats, and three in four of its
+losses to the scripted player follow such a miss (``benchmarks/connect_four_tactics.py``,
 docs/benchmarks.md). An opponent that never leaves a win on the board nor an open
 threat unanswered punishes every such miss, so the learner's mistakes cost it games
 instead of passing unnoticed.
@@ -64,6 +64,14 @@ def check_game_tactics(env_id: str, kinds: Collection[str]) -> None:
         raise ConfigError("selfplay.opponent_tactics", list(kinds), why)
 
 
+def _valid(kinds: Collection[str]) -> frozenset[str]:
+    """``kinds`` as a set, if it names one or more of :data:`TACTICS` and nothing else."""
+    unknown = sorted(set(kinds) - set(TACTICS))
+    if unknown or not kinds:
+        raise ValueError(f"tactic kinds {sorted(kinds)}: one or more of {', '.join(TACTICS)}")
+    return frozenset(kinds)
+
+
 class TacticalOpponent:
     """``inner`` (a policy opponent) playing the one-move rules ``kinds`` of ``tactic``
     (see the module doc); its id is the inner opponent's, so the league rates it as that
@@ -78,7 +86,7 @@ class TacticalOpponent:
             its own by default).
 
     Raises:
-        ValueError: naming a kind that is not one of :data:`TACTICS`.
+        ValueError: naming the kinds if they are none or not all of :data:`TACTICS`.
     """
 
     def __init__(
@@ -89,11 +97,8 @@ class TacticalOpponent:
         n_actions: int,
         tally: TacticsTally | None = None,
     ) -> None:
-        unknown = sorted(set(kinds) - set(TACTICS))
-        if unknown:
-            raise ValueError(f"tactic kinds {unknown}: each one of {', '.join(TACTICS)}")
         self.inner, self.id = inner, inner.id
-        self.tactic, self.kinds, self.n_actions = tactic, frozenset(kinds), n_actions
+        self.tactic, self.kinds, self.n_actions = tactic, _valid(kinds), n_actions
         self.tally = tally if tally is not None else TacticsTally({k: 0 for k in self.kinds})
 
     def act(self, obs: np.ndarray) -> int:
@@ -135,10 +140,7 @@ class Tactics:
     def __init__(self, tactic: Tactic | None, kinds: Collection[str], n_actions: int) -> None:
         if tactic is None:
             raise ValueError(f"opponent tactics {sorted(kinds)} for a game that declares none")
-        unknown = sorted(set(kinds) - set(TACTICS))
-        if unknown or not kinds:
-            raise ValueError(f"tactic kinds {sorted(kinds)}: one or more of {', '.join(TACTICS)}")
-        self.tactic, self.kinds, self.n_actions = tactic, tuple(kinds), n_actions
+        self.tactic, self.kinds, self.n_actions = tactic, _valid(kinds), n_actions
         self.tally = TacticsTally({kind: 0 for kind in self.kinds})
 
     def __call__(self, opponent: PolicyOpponent) -> Opponent:
