@@ -113,14 +113,13 @@ class ActorService(Service):
         balance = balance_config(self.config, self.spec)
         self.weights_on_grant = balance.weights_on_grant
         self.subscribe(LATEST_PARAMS, self.on_params, on_demand=True)
-        self.tactics: Tactics | None = None  # the opponents' one-move rules, if any
+        self.tactics = self._tactics(run)
         self.opponents = self._opponent_pool(run) if selfplay else None
 
     def _opponent_pool(self, run: RunConfig) -> OpponentPool:
         """The league's snapshots to play against, the fixed opponents mixed into
         training, and how to draw them (self-play)."""
         league = run.selfplay
-        self.tactics = self._tactics(run) if league.opponent_tactics else None
         pool = OpponentPool(
             lambda: make_algorithm(run, seed=self.seed, device="cpu"),
             pool_size=league.pool_size,
@@ -138,8 +137,11 @@ class ActorService(Service):
         return pool
 
     @staticmethod
-    def _tactics(run: RunConfig) -> Tactics:
-        """The one-move tactics the policy opponents play (``[selfplay] opponent_tactics``)."""
+    def _tactics(run: RunConfig) -> Tactics | None:
+        """The one-move tactics the policy opponents play (``[selfplay] opponent_tactics``;
+        None: none, which every run but a self-play one with them set has)."""
+        if not run.selfplay.opponent_tactics:
+            return None
         observation_space = env_spaces_and_state(run.env)[0]
         tactic = game_tactic(run.env.id)
         return Tactics(tactic, run.selfplay.opponent_tactics, mask_size(observation_space))
