@@ -25,6 +25,9 @@ from tianji.rl.masks import mask_size
 
 __all__ = [
     "MASK_FILL",
+    "BOARD_DROPS_TORSO",
+    "BOARD_LINES_TORSO",
+    "BOARD_TORSOS",
     "BOARD_TORSO",
     "TORSOS",
     "MaskedNetwork",
@@ -209,12 +212,22 @@ def obs_tensor(obs: np.ndarray, device: torch.device, *, image: bool = False) ->
     return host_to_device(flat, device, torch.float32)
 
 
-TORSOS = ("auto", "mlp", "nature", "board")
+TORSOS = ("auto", "mlp", "nature", "board", "board_lines", "board_drops")
 """What ``[algo] torso`` may say besides a custom ``"module:Class"`` (:func:`custom_torso`):
 "auto" picks "nature" for image observations (see :func:`is_image_space`) and "mlp"
-otherwise; "board" is :data:`BOARD_TORSO`."""
+otherwise; "board", "board_lines" and "board_drops" are in :data:`BOARD_TORSOS`."""
 BOARD_TORSO = "tianji.algorithms._board:BoardCNN"
 """The board games' convolution (``algorithms/_board.py``), built as a custom torso."""
+BOARD_LINES_TORSO = "tianji.algorithms._board:BoardLinesCNN"
+"""The board games' convolution that also sees where each side would complete a line."""
+BOARD_DROPS_TORSO = "tianji.algorithms._board:BoardDropsCNN"
+"""That, and per column what a piece dropped there would complete (connect four)."""
+BOARD_TORSOS = {
+    "board": BOARD_TORSO,
+    "board_lines": BOARD_LINES_TORSO,
+    "board_drops": BOARD_DROPS_TORSO,
+}
+"""The board games' torsos by ``[algo] torso`` name."""
 
 
 def is_custom(torso: str) -> bool:
@@ -273,11 +286,15 @@ def resolve_torso(key: str, torso: str, observation_space: Any) -> str:
     if torso == "nature" and not image:
         why = f'"mlp" or "auto" for observations {observation_space!r} (not uint8 images)'
         raise ConfigError(key, torso, why)
-    if torso == "board":
-        if board_shape(observation_space) is None:
+    if torso in BOARD_TORSOS:
+        shape = board_shape(observation_space)
+        if shape is None:
             why = f'"mlp" or "auto" for {observation_space!r} (not [H, W, C] piece planes)'
             raise ConfigError(key, torso, why)
-        return BOARD_TORSO
+        if torso != "board" and shape[2] != 2:
+            why = f'"board" for {observation_space!r} (line planes need 2 piece planes)'
+            raise ConfigError(key, torso, why)
+        return BOARD_TORSOS[torso]
     return torso
 
 

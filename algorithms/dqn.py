@@ -40,7 +40,9 @@ class DQNConfig(ReplayConfig):
     torso: str = "auto"
     """The Q-network's body: "mlp", "nature" (the Nature-DQN CNN for uint8 image
     observations, e.g. the Atari preset's), "board" (a convolution over board games'
-    piece planes, ``algorithms/_board.py``), "auto" (the CNN for images, else the MLP) or
+    piece planes, ``algorithms/_board.py``; "board_lines" also shows it where each side
+    would complete a line, "board_drops" that and what a piece dropped in each column
+    would complete, for connect four), "auto" (the CNN for images, else the MLP) or
     your own ``"package.module:Class"`` / ``"file.py:Class"`` (``Class(observation_space)``,
     an ``nn.Module`` with an int ``features``; a linear head is put on it)."""
     double: bool = True

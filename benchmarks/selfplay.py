@@ -86,15 +86,44 @@ def measure(run_dir: str, games: int, seed: int) -> dict[str, Any]:
     return results
 
 
-def rating_curve(summary: dict[str, Any]) -> dict[str, Any]:
-    curve = summary["selfplay"]["rating_at_snapshot"]
-    ratings = [r for _, r in curve]
-    drops = [
-        (curve[i][0], ratings[i - 1], ratings[i])
-        for i in range(1, len(ratings))
-        if ratings[i] < ratings[i - 1]
+def drops(curve: list[Any]) -> list[tuple[int, float, float]]:
+    """Where a ``(version, rating, ...)`` curve falls: (version, rating before, rating)."""
+    return [
+        (curve[i][0], curve[i - 1][1], curve[i][1])
+        for i in range(1, len(curve))
+        if curve[i][1] < curve[i - 1][1]
     ]
-    return {"curve": curve, "monotonic": not drops, "drops": drops}
+
+
+def rating_curve(summary: dict[str, Any]) -> dict[str, Any]:
+    """The newest snapshot's rating when each was taken, and every snapshot's rating at
+    the end (rated on by the games against it; runs from before it have none)."""
+    curve = summary["selfplay"]["rating_at_snapshot"]
+    falls = drops(curve)
+    out = {"curve": curve, "monotonic": not falls, "drops": falls}
+    settled = summary["selfplay"].get("snapshot_ratings")
+    if settled is not None:
+        out["settled"] = {"curve": settled, "drops": drops(settled)}
+    return out
+
+
+def curve_line(curve: dict[str, Any]) -> str:
+    """The rating curves, in a sentence."""
+    points = curve["curve"]
+    line = (
+        f"Newest snapshot's rating at its creation, {len(points)} snapshots: "
+        f"monotonic: {curve['monotonic']} (drops: {len(curve['drops'])}); first "
+        f"{points[0] if points else '-'}, last {points[-1] if points else '-'}."
+    )
+    if "settled" in curve:
+        s = curve["settled"]
+        line += (
+            f" Each snapshot's rating at the end, after the games against it: "
+            f"{len(s['drops'])} drops over {len(s['curve'])}; first "
+            f"{s['curve'][0][:2] if s['curve'] else '-'}, last "
+            f"{s['curve'][-1][:2] if s['curve'] else '-'}."
+        )
+    return line
 
 
 def _trained_against(report: dict[str, Any]) -> str:
@@ -154,10 +183,7 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["", tactics_line(m["tactics"])]
     lines += [
         "",
-        f"Newest snapshot's rating at its creation, {len(curve['curve'])} snapshots: "
-        f"monotonic: {curve['monotonic']} (drops: {len(curve['drops'])}); first "
-        f"{curve['curve'][0] if curve['curve'] else '-'}, last "
-        f"{curve['curve'][-1] if curve['curve'] else '-'}.",
+        curve_line(curve),
         "",
         "Evaluations during the run (policy version, opponent, win share):",
         "",

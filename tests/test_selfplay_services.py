@@ -126,6 +126,7 @@ def test_the_league_rates_games_publishes_the_draw_and_writes_league_jsonl(
     assert lines[0]["id"] == "v0" and lines[1]["ratings"]["v0"] == 992.0
     assert summary["newest_snapshot"] == "v0" and summary["newest_rating"] == 992.0
     assert summary["rating_at_snapshot"] == [(0, 1000.0)]
+    assert summary["snapshot_ratings"] == [(0, 992.0, 1)]  # rated on by the game against it
 
 
 def test_fixed_opponents_are_known_by_name_and_a_bad_one_is_refused() -> None:

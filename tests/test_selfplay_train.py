@@ -40,6 +40,8 @@ def test_a_short_self_play_run_rates_its_snapshots_and_evaluates(tmp_path: Path)
     assert play["vs"]["random"]["episodes"] == 10
     versions = [v for v, _ in play["rating_at_snapshot"]]
     assert versions == sorted(versions) and versions[0] == 0
+    settled = play["snapshot_ratings"]  # every snapshot, rated on after it was taken
+    assert [v for v, _, _ in settled] == versions and sum(g for _, _, g in settled) > 0
     actors = [svc["counters"] for name, svc in s["services"].items() if name.startswith("actor-")]
     games = sum(c.get("games", 0) for c in actors)
     # the snapshots and live games played the one-move rules: they decided some moves

@@ -146,8 +146,9 @@ class LeagueService(Service):
         return self.league.players[player].games
 
     def summary(self) -> dict[str, Any]:
-        """The league at the end: ratings, games and the newest snapshots' rating curve
-        (the last ratings written to league.jsonl first)."""
+        """The league at the end: ratings, games, the newest snapshots' rating curve (each
+        snapshot's rating when it was taken) and every snapshot's rating now (the last
+        ratings written to league.jsonl first)."""
         ratings = self._write_ratings()
         newest = self.league.pool[-1] if self.league.pool else None
         return {
@@ -165,7 +166,20 @@ class LeagueService(Service):
             },
             "opponent_tactics": self.opponent_tactics,
             "rating_at_snapshot": [(s["version"], round(s["rating"], 1)) for s in self.snapshots],
+            "snapshot_ratings": self._settled(),
         }
+
+    def _settled(self) -> list[tuple[int, float, int]]:
+        """Every snapshot's rating now, rated on by the games played against it after it
+        was taken (in the pool or, for games in play when it left, after): ``(version,
+        rating, games)`` by version."""
+        players = {**self.league.retired, **self.league.players}
+        out = []
+        for s in self.snapshots:
+            p = players.get(s["id"])
+            if p is not None:
+                out.append((s["version"], round(p.rating, 1), p.games))
+        return out
 
 
 def selfplay_summary(league: LeagueService, monitor: Any) -> dict[str, Any]:
