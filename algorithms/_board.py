@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from tianji.algorithms._lines import Landing, LinePlanes
 from torch import nn
 
 from tianji.rl.errors import ConfigError
@@ -25,9 +26,7 @@ __all__ = [
     "BoardDropsCNN",
     "BoardLinesCNN",
     "BoardMirror",
-    "LinePlanes",
     "board_shape",
-    "landing",
     "mirror_for",
 ]
 
@@ -64,7 +63,7 @@ class BoardCNN(nn.Module):
         drops: (with ``lines``) for games whose move drops a piece into a column, where
             it lands on the bottom row or on top of the column's pieces (connect four):
             also give out, per column, the line planes at the cell the piece would land
-            in and at the cell above it, ``4 * W`` more features (:func:`landing`).
+            in and at the cell above it, ``4 * W`` more features (``Landing``).
 
     Raises:
         ValueError: naming the space, if it is not a board or the window does not fit.
@@ -97,7 +96,7 @@ class BoardCNN(nn.Module):
             raise ValueError(f"line planes need two piece planes (mover, other), got {c}")
         if drops and not lines:
             raise ValueError("drops=True needs lines=True: it reads the line planes")
-        self.drops = drops
+        self.landing = Landing(h, w) if drops else None
         self.features = features + (4 * w if drops else 0)
         gain = math.sqrt(2)
         self.conv = nn.Conv2d(c + (2 if lines else 0), channels, kernel)
@@ -117,28 +116,12 @@ class BoardCNN(nn.Module):
             x = torch.relu(self.conv(board))
             out: torch.Tensor = torch.relu(self.fc(x.flatten(1)))
             return out
-        marks = self.lines(board)
-        x = torch.relu(self.conv(torch.cat([board, marks], 1)))
-        out = torch.relu(self.fc(x.flatten(1)))
-        if self.drops:
-            out = torch.cat([out, landing(board, marks)], 1)
+        marks, empty = self.lines.flat(obs[:, : self.size].float())
+        planes = torch.cat([board, marks.reshape(-1, 2, h, w)], 1)
+        out = torch.relu(self.fc(torch.relu(self.conv(planes)).flatten(1)))
+        if self.landing is not None:
+            out = torch.cat([out, self.landing(marks, empty)], 1)
         return out
-
-
-def landing(planes: torch.Tensor, marks: torch.Tensor) -> torch.Tensor:
-    """Per column of a drop game's board (row 0 on top; a piece lands on the bottom row or
-    on the column's top piece), the line planes ``marks`` (:class:`LinePlanes`) at the
-    landing cell and at the cell above it: ``[B, 4 * W]``, ``[mover's line at landing,
-    other's at landing, mover's above, other's above]`` for each column in turn. A full
-    column has zeros. The landing cell's marks say the move completes a line (or takes
-    the other's); the cell above's, that it lets the other complete one there next."""
-    filled = planes.sum(1).clamp(max=1.0)  # [B, H, W]
-    below = torch.cat([filled[:, 1:], torch.ones_like(filled[:, :1])], 1)  # floor below
-    land = (1.0 - filled) * below  # the lowest empty cell of each column
-    above = torch.cat([land[:, 1:], torch.zeros_like(land[:, :1])], 1)  # one row up
-    at_land = (marks * land[:, None]).sum(2)  # [B, 2, W]
-    at_above = (marks * above[:, None]).sum(2)
-    return torch.cat([at_land, at_above], 1).transpose(1, 2).flatten(1)
 
 
 class BoardLinesCNN(BoardCNN):
@@ -152,61 +135,11 @@ class BoardLinesCNN(BoardCNN):
 class BoardDropsCNN(BoardCNN):
     """:class:`BoardCNN` with the :class:`LinePlanes` and, per column, where a piece
     dropped there would land (``[algo] torso = "board_drops"``; connect four): see
-    :func:`landing`. The features go to the heads as they are, so a policy can weigh a
-    move by what it completes from its first updates on."""
+    ``algorithms/_lines.py``'s ``Landing``. The features go to the heads as they are, so
+    a policy can weigh a move by what it completes from its first updates on."""
 
     def __init__(self, observation_space: Any) -> None:
         super().__init__(observation_space, lines=True, drops=True)
-
-
-class LinePlanes(nn.Module):
-    """Where a piece would complete a line: for piece planes ``[B, 2, H, W]`` (the mover's,
-    the other's), ``[B, 2, H, W]`` ones at the empty cells where the mover's (plane 0) or
-    the other's (plane 1) next piece would make ``length`` in a row, across, down or on
-    either diagonal; zeros elsewhere.
-
-    Fixed (no weights to learn): each line of ``length`` cells holding ``length - 1`` of one
-    side's pieces and none of the other's marks its one empty cell. It reads the rule of
-    every "``length`` in a row" game (connect four, tic-tac-toe, gomoku), not where a
-    piece can be dropped, and it picks no move: the network learns what the planes are
-    worth, as it learns everything else from its games.
-
-    Args:
-        height, width: the board's.
-        length: the line's (at most the board's shorter side).
-    """
-
-    lines: torch.Tensor
-    """``[lines, H * W]``: one row per line on the board, ones at its cells."""
-
-    def __init__(self, height: int, width: int, length: int = 4) -> None:
-        super().__init__()
-        if not 2 <= length <= min(height, width):
-            board = f"{height} x {width}"
-            raise ValueError(f"length={length}: lines of 2 cells or more on a {board} board")
-        self.shape, self.length = (height, width), length
-        lines = []
-        for dr, dc in ((0, 1), (1, 0), (1, 1), (1, -1)):
-            for r in range(height):
-                for c in range(width):
-                    cells = [(r + i * dr, c + i * dc) for i in range(length)]
-                    if all(0 <= y < height and 0 <= x < width for y, x in cells):
-                        line = torch.zeros(height, width)
-                        for y, x in cells:
-                            line[y, x] = 1.0
-                        lines.append(line.flatten())
-        self.register_buffer("lines", torch.stack(lines), persistent=False)
-
-    def forward(self, planes: torch.Tensor) -> torch.Tensor:
-        """``[B, 2, H, W]`` line planes of ``[B, 2, H, W]`` piece planes."""
-        b, k = len(planes), self.length
-        counts = planes.reshape(b, 2, -1) @ self.lines.T  # [B, 2, lines]: each side's pieces
-        mover = (counts[:, 0] == k - 1) & (counts[:, 1] == 0)
-        other = (counts[:, 1] == k - 1) & (counts[:, 0] == 0)
-        open_lines = torch.stack([mover, other], 1).to(planes.dtype)
-        cover = (open_lines @ self.lines).reshape(planes.shape)  # open lines on their cells
-        empty = 1.0 - planes.sum(1, keepdim=True).clamp(max=1.0)
-        return (cover > 0).to(planes.dtype) * empty
 
 
 class BoardMirror:

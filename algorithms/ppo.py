@@ -100,9 +100,9 @@ class PPOConfig(OnPolicyConfig):
     (a convolution over board games' piece planes, ``algorithms/_board.py``; shared
     likewise; "board_lines" also shows it where each side would complete a line,
     "board_drops" that and what a piece dropped in each column would complete, for
-    connect four), "auto" (the CNN for images, else the MLP) or your own ``"package.module:Class"`` /
-    ``"file.py:Class"`` (``Class(observation_space)``, an ``nn.Module`` with an int
-    ``features``; shared by two linear heads, as the CNN is)."""
+    connect four), "auto" (the CNN for images, else the MLP) or your own
+    ``"package.module:Class"`` / ``"file.py:Class"`` (``Class(observation_space)``, an
+    ``nn.Module`` with an int ``features``; shared by two linear heads, as the CNN is)."""
     init_log_std: float = 0.0
     """Initial log standard deviation of the Gaussian policy (Box actions)."""
     mirror: bool = False

@@ -5,6 +5,10 @@
 * The scripts of ``benchmarks/`` (run from a checkout, not in the package: the peers'
   runners, the network-namespace hosts) import as top-level modules (``from netns import
   Bridge``), as they do when run, from the end of ``sys.path``.
+* Each test's wall and CPU seconds (its own process's and its waited-for children's,
+  setup to teardown) are kept, and the summary lists those of over 5 s wall with their
+  CPU share: a test that mostly waits could share the machine with another, one that
+  keeps both cores busy could not (without pytest-xdist; its workers keep their own).
 * After the whole session, no process started by it is left alive (every process inherits
   the session's ``TIANJI_TEST_SESSION`` marker) and no shared-memory segment of tianji is
   left in ``/dev/shm``: exit paths (Ctrl-C, SIGTERM, kill -9, crashed children) release
@@ -15,13 +19,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import shutil
 import signal
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -35,6 +40,35 @@ MARKER = "TIANJI_TEST_SESSION"
 BENCHMARKS = str(Path(__file__).resolve().parents[1] / "benchmarks")
 if BENCHMARKS not in sys.path:
     sys.path.append(BENCHMARKS)
+
+
+TIMES: list[tuple[str, float, float]] = []
+"""Each test's node id, wall seconds and CPU seconds, in the order they ran."""
+
+
+def _cpu_seconds() -> float:
+    own, children = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, None, None]:
+    wall, cpu = time.monotonic(), _cpu_seconds()
+    yield
+    TIMES.append((item.nodeid, time.monotonic() - wall, _cpu_seconds() - cpu))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    long = sorted((t for t in TIMES if t[1] > 5.0), key=lambda t: -t[1])
+    if not long:
+        return
+    terminalreporter.section("wall and CPU seconds of the tests over 5 s")
+    for nodeid, wall, cpu in long:
+        line = f"{wall:8.2f} s wall {cpu:8.2f} s CPU {cpu / wall:5.2f}  {nodeid}"
+        terminalreporter.write_line(line)
 
 
 def _leftover_processes(marker: str) -> dict[int, str]:

@@ -10,14 +10,8 @@ import numpy as np
 import pytest
 import torch
 from gymnasium import spaces
-from tianji.algorithms._board import (
-    BoardCNN,
-    BoardDropsCNN,
-    BoardLinesCNN,
-    LinePlanes,
-    board_shape,
-    landing,
-)
+from tianji.algorithms._board import BoardCNN, BoardDropsCNN, BoardLinesCNN, board_shape
+from tianji.algorithms._lines import Landing, LinePlanes
 from tianji.algorithms._nets import BOARD_TORSO, BOARD_TORSOS, resolve_torso
 
 from tianji import algorithms
@@ -162,8 +156,9 @@ def stacked(n: int, seed: int) -> np.ndarray:
 def test_landing_features_say_what_a_move_completes_as_the_scripted_rules_do() -> None:
     cells = stacked(600, seed=3)
     planes = torch.as_tensor(np.stack([cells == 1, cells == 2], 1).astype(np.float32))
+    flat = planes.permute(0, 2, 3, 1).reshape(len(cells), -1)  # as the torso gets them
     with torch.no_grad():
-        features = landing(planes, LinePlanes(ROWS, COLS)(planes)).numpy()
+        features = Landing(ROWS, COLS)(*LinePlanes(ROWS, COLS).flat(flat)).numpy()
     per_column = features.reshape(len(cells), COLS, 4) > 0.5
     seen = np.zeros(4, int)
     for board, cols in zip(cells, per_column, strict=True):
