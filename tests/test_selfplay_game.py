@@ -1,11 +1,14 @@
 """Two-player games from the learner's seat: legal moves only, seats alternating, the outcome
-at the end; the scripted connect-four player wins, blocks and does not give games away."""
+at the end, random openings of up to the number asked for; the scripted connect-four player
+wins, blocks and does not give games away."""
 
 from __future__ import annotations
 
+import gymnasium as gym
 import numpy as np
 import pytest
 
+from tianji.rl.league import SelfPlayConfig
 from tianji.rl.masks import MaskedObs, legal_actions
 from tianji.rl.selfplay import (
     ConnectFourScripted,
@@ -17,6 +20,7 @@ from tianji.rl.selfplay import (
     two_player_factory,
 )
 from tianji.runtime.errors import ConfigError
+from tianji.services.opponents import OpponentPool
 
 pytest.importorskip("pettingzoo.classic")
 C4 = "pettingzoo.classic.connect_four_v3"
@@ -48,6 +52,37 @@ def test_a_game_is_played_from_alternating_seats_with_the_outcome_at_its_end() -
         outcomes.append(info["outcome"])
     assert seats == [0, 1, 0, 1, 0, 1]
     assert set(outcomes) <= {-1.0, 0.0, 1.0}
+
+
+def test_a_random_opening_starts_games_from_varied_positions_of_legal_moves() -> None:
+    game = connect_four()
+    game.set_opponent(RandomOpponent(seed=1))
+    game.opening = 4
+    pieces, seen = [], set()
+    for k in range(300):
+        obs, info = game.reset(seed=k if k == 0 else None)  # one seed: the game's own draws
+        board = obs[:84].reshape(6, 7, 2)
+        mine, theirs = int(board[..., 0].sum()), int(board[..., 1].sum())
+        # the learner is to move: as many pieces each when it sits first, one fewer second
+        assert theirs - mine == info["seat"]
+        assert mine + theirs <= 4 + 1  # the opening, then the opponent's move if due
+        # every piece rests on the floor or on another: the random moves were legal
+        filled = board.sum(-1) > 0
+        assert not (filled[:-1] & ~filled[1:]).any()
+        pieces.append(mine + theirs)
+        seen.add(obs[:84].tobytes())
+        obs, *_ = game.step(int(np.flatnonzero(obs[-7:] > 0.5)[0]))
+    assert set(pieces) == {0, 1, 2, 3, 4, 5}  # 0 to 4 random moves, the opponent's if due
+    assert len(seen) > 100  # varied positions
+    with pytest.raises(ConfigError, match=r"selfplay\.random_opening.*-1.*moves >= 0"):
+        SelfPlayConfig(random_opening=-1)
+    game.opening = 0
+    obs, info = game.reset(seed=5)
+    assert obs[:84].sum() == (0 if info["seat"] == 0 else 1)  # none: the empty board
+    # an actor's opponent pool hands its games the run's opening with the opponents
+    pool = OpponentPool(lambda: None, pool_size=2, explore=True, seed=0)
+    cartpole = gym.make("CartPole-v1")  # not a two-player game: left alone
+    assert pool.attach([game, cartpole], opening=3) == 1 and game.opening == 3
 
 
 def test_an_illegal_move_is_refused_naming_the_legal_ones() -> None:

@@ -116,6 +116,11 @@ class SelfPlayConfig:
     piece). Needs a game that declares them (:data:`~tianji.rl.tactics.GAME_TACTICS`).
     The learner and the evaluation stay the raw policy. Empty (the default): the
     snapshots play as they are."""
+    random_opening: int = 0
+    """Every training game starts with a random number of moves, from 0 to this many
+    (evenly), played uniformly at random for both sides before the learner and its
+    opponent take over, so games start from varied positions; the learner learns from its
+    own moves only. Evaluation games start from the empty board. 0 (the default): none."""
     latest_prob: float = 0.5
     """The chance that a snapshot game is played against the newest snapshot (else one from
     the pool)."""
@@ -157,6 +162,8 @@ class SelfPlayConfig:
         if unknown or len(set(self.opponent_tactics)) < len(self.opponent_tactics):
             expected = f"distinct kinds among {', '.join(TACTICS)}"
             raise ConfigError("selfplay.opponent_tactics", list(self.opponent_tactics), expected)
+        if not isinstance(self.random_opening, int) or self.random_opening < 0:
+            raise ConfigError("selfplay.random_opening", self.random_opening, "moves >= 0")
         if not 0.0 <= self.live_prob < 1.0:
             raise ConfigError("selfplay.live_prob", self.live_prob, "a probability in [0, 1)")
         if sum(self.train_opponents.values()) + self.live_prob >= 1.0:

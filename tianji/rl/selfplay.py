@@ -244,6 +244,8 @@ class TwoPlayerGame(gym.Env[np.ndarray, int]):
         ``None``: the one :meth:`set_opponent` set."""
         self.games = 0
         self.seat = 0
+        self.opening = 0
+        """Up to this many random moves start each game (``[selfplay] random_opening``)."""
 
     def set_opponent(self, opponent: Opponent) -> None:
         """Who plays the other seat from the next :meth:`reset` on."""
@@ -278,7 +280,19 @@ class TwoPlayerGame(gym.Env[np.ndarray, int]):
         self.seat = 0 if first[self.seat_rule] else 1
         self.games += 1
         self.me = self.agents[self.seat]
+        if self.opening:
+            self._random_opening(seed)
         return {"seat": self.seat, "opponent": self.opponent.id}
+
+    def _random_opening(self, seed: int | None) -> None:
+        """Uniformly random moves for both sides, from 0 to :attr:`opening` of them (the
+        game begun again without them in the rare case that they end it)."""
+        for _ in range(int(self.np_random.integers(0, self.opening + 1))):
+            legal = np.flatnonzero(self._view(self.game.agent_selection)[-self.n :] > 0.5)
+            self.game.step(int(self.np_random.choice(legal)))
+            if self._over():
+                self.game.reset(seed=seed)
+                return
 
     def play(self, action: int) -> None:
         """The learner's move (refused if illegal: :class:`IllegalMove`)."""

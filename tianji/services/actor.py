@@ -355,7 +355,8 @@ class ActorService(Service):
         groups = [make_vector_env(self.config.env, per_group) for _ in range(actors.splits)]
         collector = FragmentCollector(groups, actors.fragment_length, self.seed)
         if self.opponents is not None:
-            self.opponents.attach([env for group in groups for env in group.envs])
+            envs = [env for group in groups for env in group.envs]
+            self.opponents.attach(envs, self.config.selfplay.random_opening)
         await self._have_params.wait()  # act with the learner's weights, never our own init
         await self.wait_subscribers(self.trajectories)
         if self.remote:

@@ -108,13 +108,14 @@ class OpponentPool:
             return self.fixed[sid]
         return self.held[sid]
 
-    def attach(self, envs: Sequence[Any]) -> int:
+    def attach(self, envs: Sequence[Any], opening: int = 0) -> int:
         """Make every two-player game among ``envs`` (gymnasium envs, wrapped or not) draw
-        its opponents here; returns how many it found."""
+        its opponents here and begin with up to ``opening`` random moves; returns how many
+        it found."""
         found = 0
         for env in envs:
             game = env.unwrapped
             if isinstance(game, TwoPlayerGame):
-                game.opponent_source = self.draw
+                game.opponent_source, game.opening = self.draw, opening
                 found += 1
         return found
