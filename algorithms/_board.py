@@ -90,7 +90,6 @@ class BoardCNN(nn.Module):
             raise ValueError(f"kernel={kernel} does not fit a {h} x {w} board")
         self.shape = shape
         self.size = h * w * c
-        self.features = features
         self.lines: LinePlanes | None = LinePlanes(h, w, kernel) if lines else None
         if self.lines is not None and c != 2:
             raise ValueError(f"line planes need two piece planes (mover, other), got {c}")

@@ -76,6 +76,8 @@ def test_a_random_opening_starts_games_from_varied_positions_of_legal_moves() ->
     assert len(seen) > 100  # varied positions
     with pytest.raises(ConfigError, match=r"selfplay\.random_opening.*-1.*moves >= 0"):
         SelfPlayConfig(random_opening=-1)
+    with pytest.raises(ConfigError, match=r"selfplay\.random_opening.*True"):
+        SelfPlayConfig(random_opening=True)
     game.opening = 0
     obs, info = game.reset(seed=5)
     assert obs[:84].sum() == (0 if info["seat"] == 0 else 1)  # none: the empty board

@@ -1,7 +1,8 @@
 """A self-play run end to end: `tianji train examples/connect_four_selfplay.toml`, shortened,
 takes snapshots, rates the games in league.jsonl (and counts the live ones, against the
 learner's own weights, unrated; its opponents here play the one-move rules, and the actors
-count the moves the rules decided), evaluates against the fixed opponents
+count the moves the rules decided; its games start after up to two random moves),
+evaluates against the fixed opponents
 and reports it all in the summary's `selfplay` section, with no illegal move (an illegal
 move stops the actor, and the run with it) and the books closed."""
 
@@ -28,6 +29,7 @@ def test_a_short_self_play_run_rates_its_snapshots_and_evaluates(tmp_path: Path)
         "--set", "selfplay.snapshot_every=2", "--set", "selfplay.eval_games=10",
         "--set", "eval.every_seconds=2",
         "--set", 'selfplay.opponent_tactics=["win", "block", "safe"]',
+        "--set", "selfplay.random_opening=2",  # games start after 0-2 random moves
     ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -162,7 +162,8 @@ class SelfPlayConfig:
         if unknown or len(set(self.opponent_tactics)) < len(self.opponent_tactics):
             expected = f"distinct kinds among {', '.join(TACTICS)}"
             raise ConfigError("selfplay.opponent_tactics", list(self.opponent_tactics), expected)
-        if not isinstance(self.random_opening, int) or self.random_opening < 0:
+        opening = self.random_opening
+        if isinstance(opening, bool) or not isinstance(opening, int) or opening < 0:
             raise ConfigError("selfplay.random_opening", self.random_opening, "moves >= 0")
         if not 0.0 <= self.live_prob < 1.0:
             raise ConfigError("selfplay.live_prob", self.live_prob, "a probability in [0, 1)")
