@@ -110,12 +110,13 @@ class BoardCNN(nn.Module):
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         """``[B, features]`` of a batch of boards."""
         h, w, c = self.shape
-        board = obs[:, : self.size].float().reshape(-1, h, w, c).permute(0, 3, 1, 2)
+        flat = obs[:, : self.size].float()
+        board = flat.reshape(-1, h, w, c).permute(0, 3, 1, 2)
         if self.lines is None:
             x = torch.relu(self.conv(board))
             out: torch.Tensor = torch.relu(self.fc(x.flatten(1)))
             return out
-        marks, empty = self.lines.flat(obs[:, : self.size].float())
+        marks, empty = self.lines.flat(flat)
         planes = torch.cat([board, marks.reshape(-1, 2, h, w)], 1)
         out = torch.relu(self.fc(torch.relu(self.conv(planes)).flatten(1)))
         if self.landing is not None:

@@ -73,9 +73,9 @@ class LinePlanes(nn.Module):
         code = torch.stack([lines.T, (length + 1) * lines.T], 1).reshape(-1, len(lines))
         opens = torch.tensor([[length - 1.0], [(length + 1.0) * (length - 1)]])
         cells = torch.eye(height * width).repeat_interleave(2, 0)
-        for name, value in (("lines", lines), ("code", code), ("open_codes", opens)):
+        buffers = {"lines": lines, "code": code, "open_codes": opens, "cells": cells}
+        for name, value in buffers.items():
             self.register_buffer(name, value, persistent=False)
-        self.register_buffer("cells", cells, persistent=False)
 
     def flat(self, board: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """For flat channels-last boards ``[B, H * W * 2]``: the marks ``[B, 2, H * W]``

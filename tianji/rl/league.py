@@ -298,7 +298,7 @@ class League:
         if score not in (0.0, 0.5, 1.0):
             raise ValueError(f"a game's score is 0, 0.5 or 1, not {score!r}")
         me = self.learner
-        other = self.players.get(opponent) or self.retired.get(opponent)
+        other = self.player(opponent)
         if other is None or other is me:
             raise KeyError(f"{opponent!r} is not an opponent in this league")
         new_me, new_other = elo_update(me.rating, other.rating, score, self.rules.k)
@@ -307,6 +307,10 @@ class League:
         if not other.anchor:
             other.rating = new_other
         return me.rating, other.rating
+
+    def player(self, pid: str) -> Player | None:
+        """The player ``pid``, in the league or retired from the pool (None: never in it)."""
+        return self.players.get(pid) or self.retired.get(pid)
 
     def ratings(self) -> dict[str, float]:
         """Every player's rating by id."""

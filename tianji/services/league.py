@@ -173,10 +173,9 @@ class LeagueService(Service):
         """Every snapshot's rating now, rated on by the games played against it after it
         was taken (in the pool or, for games in play when it left, after): ``(version,
         rating, games)`` by version."""
-        players = {**self.league.retired, **self.league.players}
         out = []
         for s in self.snapshots:
-            p = players.get(s["id"])
+            p = self.league.player(s["id"])
             if p is not None:
                 out.append((s["version"], round(p.rating, 1), p.games))
         return out
